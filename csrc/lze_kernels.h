@@ -1,0 +1,38 @@
+// C ABI of the compiled backends. The same two entry points exist for the C++ CPU kernels
+// (suffix _cpu) and the CUDA kernels (suffix _cuda, also built with g++ against the CUDA
+// emulator for the tests). No torch headers: callers pass raw pointers, sizes and a stream,
+// and lze_kernels/native.py wraps them as torch custom ops.
+//
+// Semantics: ../shared/SPEC.md sections 2-5, restated in docs/DESIGN.md.
+#pragma once
+#include <stdint.h>
+
+#include "lze_math.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// Fused per-step update. For each row i of the batch (B rows, G rollouts):
+//  - rewards [B, G] (dtype lze::RewardDType, row-major contiguous), valid [B, G] uint8 or null;
+//  - prompt_ids [B] int64 index rows of fstate [N, 4] float32 and istate [N, 4] int32;
+//  - writes advantages [B, G] fp32, pass_rate/energy/momentum [B] fp32;
+//  - updates the state rows of its prompt, and sets fault bits for rows it had to skip;
+//  - advances step_counter[0] by one (step_counter[1] is scratch, 0 between calls).
+// Returns 0 on success, or a nonzero launch/runtime error code.
+int lze_step_cpu(const void* rewards, int32_t rewards_dtype, const uint8_t* valid,
+                 const int64_t* prompt_ids, int64_t B, int64_t G, int64_t N, float* fstate,
+                 int32_t* istate, int64_t* step_counter, float* advantages, float* pass_rate,
+                 float* energy, float* momentum, int32_t* fault, lze::Params params);
+
+// Top-k of rows by energy (SPEC 4). Candidates are rows with energy > 0. With noise_scale > 0
+// each candidate's score gets Gumbel noise keyed by (seed, step_counter[0], row).
+// Writes keep_mask [B] (uint8 0/1), kept_indices [k] int64 (descending score, -1 padded) and
+// num_kept [1] int64 = min(k, #candidates). Requires 1 <= k <= B.
+int lze_topk_cpu(const float* energy, int64_t B, int64_t k, float noise_scale, uint32_t seed,
+                 const int64_t* step_counter, uint8_t* keep_mask, int64_t* kept_indices,
+                 int64_t* num_kept);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,179 @@
+// Scalar math of Learning-Zone Energy selection, shared by the C++ CPU kernels and the CUDA
+// kernels (and, through them, the CUDA emulator). Everything here is a pure function of its
+// arguments, written as __host__ __device__ inline so both compilers see the same expression
+// trees. Every backend must produce bit-identical energies for binary rewards, so the order of
+// operations below is part of the specification (SPEC 3) and is mirrored literally by
+// lze_kernels/reference.py and the Triton kernels. Build with FMA contraction off
+// (-ffp-contract=off, nvcc --fmad=false) so a*b+c is never fused differently per backend.
+#pragma once
+#include <stdint.h>
+
+// Under nvcc these are device functions too; under g++ (the C++ CPU kernels, and the CUDA
+// sources built against the emulator, where device code is host code) they are plain inline.
+#if defined(__CUDACC__)
+#define LZE_HD __host__ __device__ __forceinline__
+#else
+#define LZE_HD inline
+#endif
+
+#include <math.h>
+
+namespace lze {
+
+// Layout of the persistent per-prompt state (struct of two 16-byte rows, so a gather is one
+// aligned 16-byte load per table on a GPU). Mirrored by lze_kernels/layout.py.
+enum FloatField : int { kDInit = 0, kEma = 1, kLastPassRate = 2, kLastEnergy = 3, kNumFloatFields = 4 };
+enum IntField : int { kSeen = 0, kSolvedStreak = 1, kFlags = 2, kClaim = 3, kNumIntFields = 4 };
+enum Flag : int32_t { kFlagPruned = 1, kFlagReplay = 2 };
+
+// Fault bits recorded in the device-side fault word when check_inputs is off.
+enum Fault : int32_t {
+  kFaultIdOutOfRange = 1,
+  kFaultDuplicateId = 2,
+  kFaultNonFiniteReward = 4,
+  kFaultRewardOutOfRange = 8,
+};
+
+// Reward element types accepted by the kernels (upcast to fp32 on load).
+enum RewardDType : int32_t { kF32 = 0, kBF16 = 1, kF16 = 2 };
+
+// A prompt counts as solved when its pass rate reaches this (SPEC 5).
+constexpr float kSolvedThreshold = 1.0f - 1e-6f;
+
+// Scalar parameters, already rounded to fp32 on the host (one_minus_beta is computed in double
+// there and rounded once, exactly as torch rounds a Python scalar).
+struct Params {
+  float beta;
+  float one_minus_beta;
+  float d_min;
+  float alpha;
+  float eps;
+  int32_t norm_by_std;
+  int32_t prune_after;
+};
+
+LZE_HD float bf16_bits_to_float(uint16_t bits) {
+  union { uint32_t u; float f; } v;
+  v.u = static_cast<uint32_t>(bits) << 16;
+  return v.f;
+}
+
+// IEEE binary16 -> binary32, exact for every input (normals, subnormals, inf, nan).
+LZE_HD float f16_bits_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exponent = (h >> 10) & 0x1fu;
+  uint32_t mantissa = h & 0x3ffu;
+  uint32_t bits;
+  if (exponent == 0x1fu) {
+    bits = sign | 0x7f800000u | (mantissa << 13);
+  } else if (exponent != 0) {
+    bits = sign | ((exponent + 112u) << 23) | (mantissa << 13);
+  } else if (mantissa == 0) {
+    bits = sign;
+  } else {  // subnormal: normalise
+    exponent = 113u;
+    while ((mantissa & 0x400u) == 0) {
+      mantissa <<= 1;
+      --exponent;
+    }
+    bits = sign | (exponent << 23) | ((mantissa & 0x3ffu) << 13);
+  }
+  union { uint32_t u; float f; } v;
+  v.u = bits;
+  return v.f;
+}
+
+LZE_HD float load_reward(const void* rewards, int64_t index, int32_t dtype) {
+  if (dtype == kBF16) return bf16_bits_to_float(static_cast<const uint16_t*>(rewards)[index]);
+  if (dtype == kF16) return f16_bits_to_float(static_cast<const uint16_t*>(rewards)[index]);
+  return static_cast<const float*>(rewards)[index];
+}
+
+// Fault bits of one valid reward (0 when it is a finite number in [0, 1]).
+LZE_HD int32_t reward_fault(float r) {
+  if (!(r == r) || r - r != 0.0f) return kFaultNonFiniteReward;  // NaN, or +-inf
+  if (r < 0.0f || r > 1.0f) return kFaultRewardOutOfRange;
+  return 0;
+}
+
+// GRPO advantage of one rollout (SPEC 2): (r - mean) / (std + eps), or r - mean (Dr. GRPO).
+LZE_HD float grpo_advantage(float r, float mean, float std, int64_t count, const Params& p) {
+  if (count < 2) return 0.0f;
+  const float centred = r - mean;
+  return p.norm_by_std ? centred / (std + p.eps) : centred;
+}
+
+// Unbiased standard deviation from the sum of squared deviations over `count` rewards.
+LZE_HD float unbiased_std(float sum_sq_dev, int64_t count) {
+  if (count < 2) return 0.0f;
+  return sqrtf(sum_sq_dev / static_cast<float>(count - 1));
+}
+
+// Uncertainty u = 4 p (1 - p): zero at p in {0, 1}, 1 at p = 1/2.
+LZE_HD float uncertainty(float p) { return (4.0f * p) * (1.0f - p); }
+
+// Anchor difficulty, set on first sight only: D = max(1 - p, d_min).
+LZE_HD float anchor_difficulty(float p, const Params& prm) { return fmaxf(1.0f - p, prm.d_min); }
+
+// Momentum m = min(2 |p - ema_before|, 1).
+LZE_HD float momentum(float p, float ema_before) { return fminf(2.0f * fabsf(p - ema_before), 1.0f); }
+
+// E = D * u * (1 + alpha m), evaluated left to right.
+LZE_HD float energy(float d_init, float u, float m, const Params& prm) {
+  return (d_init * u) * (1.0f + prm.alpha * m);
+}
+
+LZE_HD float ema_update(float ema, float p, const Params& prm) {
+  return prm.beta * ema + prm.one_minus_beta * p;
+}
+
+// Philox-4x32-10 (Salmon et al., SC'11), first output word, with the constants and round
+// structure of triton.language.random, so tl.randint(seed, offset) and this agree bit for bit.
+LZE_HD uint32_t mulhi32(uint32_t a, uint32_t b) {
+  return static_cast<uint32_t>((static_cast<uint64_t>(a) * b) >> 32);
+}
+
+LZE_HD uint32_t philox_4x32_10(uint32_t key0, uint32_t key1, uint32_t c0) {
+  uint32_t c1 = 0, c2 = 0, c3 = 0;
+  for (int round = 0; round < 10; ++round) {
+    const uint32_t prev_c0 = c0, prev_c2 = c2;
+    c0 = mulhi32(0xCD9E8D57u, prev_c2) ^ c1 ^ key0;
+    c2 = mulhi32(0xD2511F53u, prev_c0) ^ c3 ^ key1;
+    c1 = 0xCD9E8D57u * prev_c2;
+    c3 = 0xD2511F53u * prev_c0;
+    key0 += 0x9E3779B9u;
+    key1 += 0xBB67AE85u;
+  }
+  return c0;
+}
+
+// Uniform in the open interval (0, 1): the top 24 bits plus one half, exact in fp32.
+LZE_HD float uniform_from_bits(uint32_t bits) {
+  return (static_cast<float>(bits >> 8) + 0.5f) * 5.9604644775390625e-08f;  // 2^-24
+}
+
+// Standard Gumbel draw -log(-log(u)).
+LZE_HD float standard_gumbel(float u) { return -logf(-logf(u)); }
+
+// Exploration score s = E + c * g of a candidate (SPEC 4); c is the Gumbel scale.
+LZE_HD float noisy_score(float e, float gumbel_scale, uint32_t seed, uint32_t step, uint32_t row) {
+  if (gumbel_scale == 0.0f) return e;
+  return e + gumbel_scale * standard_gumbel(uniform_from_bits(philox_4x32_10(seed, step, row)));
+}
+
+// Gumbel scale c = noise_scale * max(max E - min E, 0.01) over the candidates.
+LZE_HD float gumbel_scale(float noise_scale, float max_e, float min_e) {
+  return noise_scale * fmaxf(max_e - min_e, 0.01f);
+}
+
+// 64-bit ordering key of a candidate: monotone float bits of the score in the high word, the
+// inverted batch position in the low word, so a larger key is a larger score and, for equal
+// scores, the smaller position. Non-candidates have key 0, below every candidate key.
+LZE_HD uint64_t selection_key(float score, int64_t row) {
+  union { float f; uint32_t u; } v;
+  v.f = score;
+  const uint32_t ordered = (v.u & 0x80000000u) ? ~v.u : (v.u | 0x80000000u);
+  return (static_cast<uint64_t>(ordered) << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(row));
+}
+
+}  // namespace lze
