@@ -1,0 +1,80 @@
+// pybind11 bindings of the C ABI (csrc/lze_kernels.h, csrc/cuda/lze_cuda.h). Compiled once per
+// backend module: LZE_BIND_CPU for the C++ CPU kernels, LZE_BIND_CUDA for the CUDA kernels
+// (built by nvcc, or by g++ against the CUDA emulator). Tensors cross as data pointers (ints) so
+// the build needs no torch; lze_kernels/native.py owns the torch side (shapes, dtypes, streams).
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+
+#if defined(LZE_BIND_CPU)
+#include "lze_kernels.h"
+#elif defined(LZE_BIND_CUDA)
+#include "cuda/lze_cuda.h"
+#else
+#error "define LZE_BIND_CPU or LZE_BIND_CUDA"
+#endif
+
+namespace py = pybind11;
+
+namespace {
+
+template <typename T>
+T* as_ptr(std::uintptr_t address) {
+  return reinterpret_cast<T*>(address);
+}
+
+lze::Params make_params(float beta, float one_minus_beta, float d_min, float alpha, float eps,
+                        bool norm_by_std, int32_t prune_after) {
+  return lze::Params{beta, one_minus_beta, d_min, alpha, eps, norm_by_std ? 1 : 0, prune_after};
+}
+
+int step(std::uintptr_t rewards, int32_t rewards_dtype, std::uintptr_t valid,
+         std::uintptr_t prompt_ids, int64_t B, int64_t G, int64_t N, std::uintptr_t fstate,
+         std::uintptr_t istate, std::uintptr_t step_counter, std::uintptr_t advantages,
+         std::uintptr_t pass_rate, std::uintptr_t energy, std::uintptr_t momentum,
+         std::uintptr_t fault, float beta, float one_minus_beta, float d_min, float alpha,
+         float eps, bool norm_by_std, int32_t prune_after, std::uintptr_t stream) {
+  const lze::Params params =
+      make_params(beta, one_minus_beta, d_min, alpha, eps, norm_by_std, prune_after);
+#if defined(LZE_BIND_CPU)
+  (void)stream;
+  return lze_step_cpu(
+#else
+  return lze_step_cuda(
+#endif
+      as_ptr<const void>(rewards), rewards_dtype, as_ptr<const uint8_t>(valid),
+      as_ptr<const int64_t>(prompt_ids), B, G, N, as_ptr<float>(fstate), as_ptr<int32_t>(istate),
+      as_ptr<int64_t>(step_counter), as_ptr<float>(advantages), as_ptr<float>(pass_rate),
+      as_ptr<float>(energy), as_ptr<float>(momentum), as_ptr<int32_t>(fault), params
+#if defined(LZE_BIND_CUDA)
+      , as_ptr<void>(stream)
+#endif
+  );
+}
+
+int topk(std::uintptr_t energy, int64_t B, int64_t k, float noise_scale, uint32_t seed,
+         std::uintptr_t step_counter, std::uintptr_t keep_mask, std::uintptr_t kept_indices,
+         std::uintptr_t num_kept, std::uintptr_t stream) {
+#if defined(LZE_BIND_CPU)
+  (void)stream;
+  return lze_topk_cpu(
+#else
+  return lze_topk_cuda(
+#endif
+      as_ptr<const float>(energy), B, k, noise_scale, seed, as_ptr<const int64_t>(step_counter),
+      as_ptr<uint8_t>(keep_mask), as_ptr<int64_t>(kept_indices), as_ptr<int64_t>(num_kept)
+#if defined(LZE_BIND_CUDA)
+      , as_ptr<void>(stream)
+#endif
+  );
+}
+
+}  // namespace
+
+PYBIND11_MODULE(LZE_MODULE_NAME, m) {
+  m.doc() = "lze-kernels compiled backend: fused LZE step and top-k selection (raw pointers).";
+  m.def("step", &step, py::call_guard<py::gil_scoped_release>(),
+        "Fused statistics, advantages, energy and state update; returns an error code.");
+  m.def("topk", &topk, py::call_guard<py::gil_scoped_release>(),
+        "Fixed-shape top-k selection by energy with optional Gumbel noise; returns an error code.");
+}

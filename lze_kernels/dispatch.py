@@ -1,0 +1,134 @@
+"""Backend registry and the ``backend="auto"`` rule.
+
+Every backend exposes the same two functions with the semantics of :mod:`lze_kernels.reference`:
+
+* ``step(rewards, valid, prompt_ids, state, params) -> StepStats`` (one fused launch)
+* ``topk(energy, k, noise_scale, seed, step_counter) -> Selection`` (one launch)
+
+``auto`` picks ``cuda`` (else ``triton``) for GPU tensors and ``cpu`` for CPU tensors, falling back
+to ``torch`` when an extension is missing. The environment variable ``LZE_BACKEND`` overrides
+``auto``. ``cuda_emulated`` runs the CUDA kernel sources on CPU threads (test support).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+
+import torch
+
+from . import native, reference
+
+NAMES = ("auto", "torch", "triton", "cuda", "cpu", "cuda_emulated")
+
+
+class TorchBackend:
+    """The readable reference, any device."""
+
+    name = "torch"
+    device_types = None  # any
+
+    @staticmethod
+    def available() -> bool:
+        return True
+
+    @staticmethod
+    def step(rewards, valid, prompt_ids, state, params):
+        return reference.lze_step(rewards, valid, prompt_ids, state, params)
+
+    @staticmethod
+    def topk(energy, k, noise_scale, seed, step_counter):
+        return reference.topk_select(energy, k, noise_scale, seed, step_counter[0])
+
+
+class TritonBackend:
+    """Fused Triton kernels (GPU tensors; CPU tensors under ``TRITON_INTERPRET=1``)."""
+
+    name = "triton"
+
+    @property
+    def device_types(self):
+        return ("cuda", "cpu") if os.environ.get("TRITON_INTERPRET") == "1" else ("cuda",)
+
+    @staticmethod
+    def available() -> bool:
+        if importlib.util.find_spec("triton") is None:
+            return False
+        try:
+            importlib.import_module("lze_kernels.triton_kernels")
+        except ImportError:
+            return False
+        return True
+
+    @staticmethod
+    def step(rewards, valid, prompt_ids, state, params):
+        return importlib.import_module("lze_kernels.triton_kernels").step(
+            rewards, valid, prompt_ids, state, params
+        )
+
+    @staticmethod
+    def topk(energy, k, noise_scale, seed, step_counter):
+        return importlib.import_module("lze_kernels.triton_kernels").topk(
+            energy, k, noise_scale, seed, step_counter
+        )
+
+
+class _Native:
+    """Adapter giving a :class:`native.NativeBackend` the registry's interface."""
+
+    def __init__(self, backend: native.NativeBackend):
+        self._backend = backend
+        self.name = backend.name
+        self.device_types = (backend.device_type,)
+        self.step = backend.step
+        self.topk = backend.topk
+
+    def available(self) -> bool:
+        return self._backend.available()
+
+
+BACKENDS = {
+    "torch": TorchBackend(),
+    "triton": TritonBackend(),
+    "cuda": _Native(native.CUDA),
+    "cpu": _Native(native.CPU),
+    "cuda_emulated": _Native(native.CUDA_EMULATED),
+}
+
+
+def supports(backend, device: torch.device) -> bool:
+    return backend.device_types is None or device.type in backend.device_types
+
+
+def available_backends(device) -> list[str]:
+    """Names of the backends that can run on ``device`` in this installation."""
+    device = torch.device(device)
+    return [n for n, b in BACKENDS.items() if b.available() and supports(b, device)]
+
+
+def resolve(name: str, device) -> object:
+    """The backend object for ``name`` (``"auto"`` resolved) on ``device``."""
+    device = torch.device(device)
+    if name not in NAMES:
+        raise ValueError(f"backend: expected one of {list(NAMES)}, got {name!r}")
+    if name == "auto":
+        name = os.environ.get("LZE_BACKEND") or _auto_name(device)
+        if name not in NAMES or name == "auto":
+            raise ValueError(f"LZE_BACKEND: expected one of {list(NAMES[1:])}, got {name!r}")
+    backend = BACKENDS[name]
+    if not backend.available():
+        raise ValueError(f"backend: {name!r} is not available in this installation "
+                         f"(available on {device}: {available_backends(device)})")
+    if not supports(backend, device):
+        raise ValueError(f"backend: {name!r} cannot run on device {device} "
+                         f"(it runs on {list(backend.device_types)})")
+    return backend
+
+
+def _auto_name(device: torch.device) -> str:
+    preference = ("cuda", "triton") if device.type == "cuda" else ("cpu",)
+    for name in preference:
+        if BACKENDS[name].available() and supports(BACKENDS[name], device):
+            return name
+    return "torch"

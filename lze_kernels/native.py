@@ -1,0 +1,163 @@
+"""Torch custom ops over the compiled backends (``_lze_cpu``, ``_lze_cuda``, ``_lze_cuda_emu``).
+
+The compiled modules take raw pointers (``csrc/bindings.cpp``); this module owns the torch side:
+output allocation, dtype codes, the current CUDA stream, and the fake (meta) implementations
+that let ``torch.compile`` trace through the ops and CUDA graphs capture them. Each compiled
+module becomes one :class:`NativeBackend` with two ops, ``lze_kernels::step_<name>`` and
+``lze_kernels::topk_<name>``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Optional
+
+import torch
+
+from . import layout as L
+from .layout import KernelParams, SelectorState
+from .reference import Selection, StepStats
+
+Tensor = torch.Tensor
+_STATE_ARGS = ("fstate", "istate", "step_counter", "fault")
+
+
+def load_module(name: str):
+    """The compiled module ``lze_kernels.<name>``, or None when it was not built."""
+    try:
+        return importlib.import_module(f"lze_kernels.{name}")
+    except ImportError:
+        return None
+
+
+def _no_stream(device: torch.device) -> int:
+    return 0
+
+
+def _cuda_stream(device: torch.device) -> int:
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+def _check_status(status: int, what: str) -> None:
+    # A launch error code is returned synchronously by the launcher: no device sync involved.
+    if status != 0:
+        raise RuntimeError(f"lze_kernels: {what} failed with error code {status}")
+
+
+class NativeBackend:
+    """A compiled module exposed as two torch custom ops with fake implementations."""
+
+    def __init__(self, name: str, module_name: str, device_type: str, stream_of=_no_stream):
+        self.name = name
+        self.module_name = module_name
+        self.device_type = device_type
+        self._stream_of = stream_of
+        self._module = None
+        self._step_op = self._define_step_op()
+        self._topk_op = self._define_topk_op()
+
+    @property
+    def module(self):
+        if self._module is None:
+            self._module = load_module(self.module_name)
+        return self._module
+
+    def available(self) -> bool:
+        return self.module is not None
+
+    # -- the two ops --------------------------------------------------------------------------
+
+    def step(self, rewards, valid, prompt_ids, state: SelectorState, params: KernelParams):
+        adv, pass_rate, energy, momentum = self._step_op(
+            rewards.contiguous(), None if valid is None else valid.contiguous(),
+            prompt_ids.contiguous(), state.fstate, state.istate, state.step_counter, state.fault,
+            params.beta, params.one_minus_beta, params.d_min, params.alpha, params.eps,
+            params.norm_by_std, params.prune_after,
+        )
+        return StepStats(adv, pass_rate, energy, momentum)
+
+    def topk(self, energy, k: int, noise_scale: float, seed: int, step_counter) -> Selection:
+        keep_mask, kept, num_kept = self._topk_op(
+            energy.contiguous(), k, noise_scale, seed, step_counter
+        )
+        return Selection(keep_mask, kept, num_kept.view(()))
+
+    # -- op definitions -----------------------------------------------------------------------
+
+    def _define_step_op(self):
+        @torch.library.custom_op(
+            f"lze_kernels::step_{self.name}", mutates_args=_STATE_ARGS,
+            device_types=self.device_type,
+        )
+        def step_op(
+            rewards: Tensor, valid: Optional[Tensor], prompt_ids: Tensor, fstate: Tensor,
+            istate: Tensor, step_counter: Tensor, fault: Tensor, beta: float,
+            one_minus_beta: float, d_min: float, alpha: float, eps: float, norm_by_std: bool,
+            prune_after: int,
+        ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+            outputs = _empty_step_outputs(rewards)
+            adv, pass_rate, energy, momentum = outputs
+            batch, group = rewards.shape
+            status = self.module.step(
+                rewards.data_ptr(), L.REWARD_DTYPE_CODES[rewards.dtype],
+                0 if valid is None else valid.data_ptr(), prompt_ids.data_ptr(),
+                batch, group, fstate.shape[0] - 1, fstate.data_ptr(), istate.data_ptr(),
+                step_counter.data_ptr(), adv.data_ptr(), pass_rate.data_ptr(),
+                energy.data_ptr(), momentum.data_ptr(), fault.data_ptr(), beta, one_minus_beta,
+                d_min, alpha, eps, norm_by_std, prune_after, self._stream_of(rewards.device),
+            )
+            _check_status(status, f"step ({self.name})")
+            return outputs
+
+        @step_op.register_fake
+        def _(rewards, valid, prompt_ids, fstate, istate, step_counter, fault, *scalars):
+            return _empty_step_outputs(rewards)
+
+        return step_op
+
+    def _define_topk_op(self):
+        @torch.library.custom_op(
+            f"lze_kernels::topk_{self.name}", mutates_args=(), device_types=self.device_type
+        )
+        def topk_op(
+            energy: Tensor, k: int, noise_scale: float, seed: int, step_counter: Tensor
+        ) -> tuple[Tensor, Tensor, Tensor]:
+            outputs = _empty_topk_outputs(energy, k)
+            keep_mask, kept, num_kept = outputs
+            status = self.module.topk(
+                energy.data_ptr(), energy.shape[0], k, noise_scale, seed,
+                step_counter.data_ptr(), keep_mask.data_ptr(), kept.data_ptr(),
+                num_kept.data_ptr(), self._stream_of(energy.device),
+            )
+            _check_status(status, f"topk ({self.name})")
+            return outputs
+
+        @topk_op.register_fake
+        def _(energy, k, noise_scale, seed, step_counter):
+            return _empty_topk_outputs(energy, k)
+
+        return topk_op
+
+
+def _empty_step_outputs(rewards: Tensor):
+    batch = rewards.shape[0]
+    f32 = dict(dtype=torch.float32, device=rewards.device)
+    return (
+        torch.empty(rewards.shape, **f32), torch.empty(batch, **f32),
+        torch.empty(batch, **f32), torch.empty(batch, **f32),
+    )
+
+
+def _empty_topk_outputs(energy: Tensor, k: int):
+    device = energy.device
+    return (
+        torch.empty(energy.shape[0], dtype=torch.bool, device=device),
+        torch.empty(k, dtype=torch.int64, device=device),
+        torch.empty(1, dtype=torch.int64, device=device),
+    )
+
+
+CPU = NativeBackend("cpu", "_lze_cpu", "cpu")
+CUDA = NativeBackend("cuda", "_lze_cuda", "cuda", stream_of=_cuda_stream)
+# The CUDA kernel sources compiled with g++ against csrc/emu/cuda_emu.h: CPU tensors, CUDA code.
+CUDA_EMULATED = NativeBackend("cuda_emulated", "_lze_cuda_emu", "cpu")

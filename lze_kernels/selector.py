@@ -1,0 +1,189 @@
+"""``LZESelector``: Learning-Zone Energy data selection for GRPO/DAPO, state on the device.
+
+Per training step the selector turns the rewards of B prompt groups of G rollouts into GRPO
+advantages and a fixed-shape top-k selection of the groups on the learning frontier (SPEC 2-4);
+between steps it keeps per-prompt state (anchor difficulty, pass-rate EMA, solved streaks) for
+the whole dataset on the device, prunes mastered prompts from rollout with replay (SPEC 5) and
+splits a rollout budget across prompts (SPEC 6).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from . import dispatch, reference, validation
+from . import layout as L
+from .config import LZEConfig
+from .layout import KernelParams, SelectorState
+
+_FORMAT = "lze_kernels.selector/1"
+
+
+@dataclass
+class StepOutput:
+    """Everything a trainer needs from one step; every shape follows from B, G and k."""
+
+    advantages: torch.Tensor  # [B, G] fp32 GRPO per-sequence advantages
+    pass_rate: torch.Tensor  # [B] fp32
+    energy: torch.Tensor  # [B] fp32
+    momentum: torch.Tensor  # [B] fp32
+    keep_mask: torch.Tensor  # [B] bool
+    kept_indices: torch.Tensor  # [k] int64, descending score, -1 padded
+    num_kept: torch.Tensor  # 0-dim int64 = min(k, #groups with E > 0)
+
+
+class LZESelector:
+    """Online LZE selector over a dataset of ``num_prompts`` prompts.
+
+    Args:
+        num_prompts: N, the number of dataset rows ``prompt_ids`` index into.
+        config: hyper-parameters (:class:`LZEConfig`).
+        device: where the state lives; inputs must be on the same device.
+        backend: ``"auto" | "torch" | "triton" | "cuda" | "cpu"`` (``"cuda_emulated"`` runs the
+            CUDA kernel sources on CPU threads, for tests). ``sel.backend`` tells which runs.
+    """
+
+    def __init__(self, num_prompts: int, config: Optional[LZEConfig] = None,
+                 device="cpu", backend: str = "auto"):
+        if not isinstance(num_prompts, int) or num_prompts < 1:
+            raise ValueError(f"num_prompts: expected an int >= 1, got {num_prompts!r}")
+        self.config = config if config is not None else LZEConfig()
+        if not isinstance(self.config, LZEConfig):
+            raise ValueError(f"config: expected an LZEConfig, got {type(config).__name__}")
+        self.device = torch.device(device)
+        self._backend = dispatch.resolve(backend, self.device)
+        self._params = KernelParams.from_config(self.config)
+        self.state = SelectorState.empty(num_prompts, self.device)
+        self.epoch = 0
+
+    @property
+    def backend(self) -> str:
+        """The backend that runs ``step`` (``auto`` resolved)."""
+        return self._backend.name
+
+    @property
+    def num_prompts(self) -> int:
+        return self.state.num_prompts
+
+    # ------------------------------------------------------------------------- training step
+
+    def step(self, rewards: torch.Tensor, prompt_ids: torch.Tensor,
+             valid: Optional[torch.Tensor] = None, *, check_inputs: bool = True) -> StepOutput:
+        """Score one batch of prompt groups, update their state and select the top-k groups.
+
+        ``rewards`` [B, G] float in [0, 1], ``prompt_ids`` [B] int64 distinct ids in [0, N),
+        ``valid`` [B, G] bool for ragged groups. ``check_inputs=True`` checks values on the host
+        (it synchronises); with ``False`` the step is sync-free and bad rows are skipped on the
+        device and reported by the next checked call or :meth:`raise_if_faulted`. A failed check
+        raises ``ValueError`` and leaves the state unchanged.
+        """
+        validation.check_step_structure(rewards, prompt_ids, valid, self.device)
+        if check_inputs:
+            self.raise_if_faulted()
+            validation.check_step_values(rewards, prompt_ids, valid, self.num_prompts)
+        stats = self._backend.step(rewards, valid, prompt_ids, self.state, self._params)
+        selection = self._backend.topk(
+            stats.energy, self.config.num_keep(rewards.shape[0]), self.config.noise_scale,
+            self.config.seed, self.state.step_counter,
+        )
+        return StepOutput(*stats, *selection)
+
+    def raise_if_faulted(self) -> None:
+        """Raise (and clear) the faults that unchecked steps recorded on the device. Syncs."""
+        bits = int(self.state.fault[0])
+        if bits:
+            self.state.fault.zero_()
+            validation.raise_for_faults(bits)
+
+    # ------------------------------------------------------------------------- forward pruner
+
+    def rollout_mask(self, prompt_ids: torch.Tensor, *, check_inputs: bool = True) -> torch.Tensor:
+        """[C] bool: which prompts get rollouts (not pruned, or drawn for replay; SPEC 5)."""
+        validation.check_prompt_ids_structure(prompt_ids, self.device)
+        if check_inputs:
+            validation.check_prompt_id_values(prompt_ids, self.num_prompts, distinct=False)
+        return reference.rollout_eligible(self.state, prompt_ids)
+
+    def take_eligible(self, candidate_ids: torch.Tensor, batch_size: int, *,
+                      check_inputs: bool = True):
+        """Fixed-shape pick of ``batch_size`` prompts from ``C >= batch_size`` candidates:
+        eligible ones first (in candidate order), padded with ineligible ones.
+        Returns ``(prompt_ids [B], eligible [B] bool)``."""
+        eligible = self.rollout_mask(candidate_ids, check_inputs=check_inputs)
+        if not isinstance(batch_size, int) or not 1 <= batch_size <= candidate_ids.shape[0]:
+            raise ValueError(f"batch_size: expected an int in [1, {candidate_ids.shape[0]}] "
+                             f"(the number of candidates), got {batch_size!r}")
+        return reference.take_eligible(eligible, candidate_ids, batch_size)
+
+    def begin_epoch(self) -> None:
+        """Draw this epoch's replays: each pruned prompt with probability ``replay_ratio``."""
+        reference.draw_replays(self.state, self.config.replay_ratio, self.config.seed,
+                               self.epoch)
+        self.epoch += 1
+
+    # ------------------------------------------------------------------------- rollout budget
+
+    def allocate_rollouts(self, prompt_ids: torch.Tensor, total: int, tau: float = 0.2,
+                          n_min: int = 2, n_max: int = 32, *, score: str = "energy",
+                          check_inputs: bool = True) -> torch.Tensor:
+        """[B] int64 rollout counts in ``[n_min, n_max]`` summing to ``total``, proportional to
+        ``softmax(score / tau)`` (SPEC 6). ``score``: ``"energy"`` or ``"pass_rate"``."""
+        validation.check_prompt_ids_structure(prompt_ids, self.device)
+        if check_inputs:
+            validation.check_prompt_id_values(prompt_ids, self.num_prompts, distinct=False)
+        validation.check_rollout_budget(prompt_ids.shape[0], total, tau, n_min, n_max)
+        scores = reference.allocation_scores(self.state, prompt_ids, score)
+        return reference.allocate_rollouts(scores, total, tau, n_min, n_max)
+
+    # ------------------------------------------------------------------------- checkpoints
+
+    def state_dict(self) -> dict:
+        """Everything needed to resume: the state tables, the step counter (which keys the
+        noise stream), the epoch (which keys replay draws) and the config."""
+        n = self.num_prompts
+        return {
+            "format": _FORMAT,
+            "num_prompts": n,
+            "config": self.config.to_dict(),
+            "fstate": self.state.fstate[:n].clone(),
+            "istate": self.state.istate[:n].clone(),
+            "step_counter": self.state.step_counter.clone(),
+            "fault": self.state.fault.clone(),
+            "epoch": self.epoch,
+        }
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Restore :meth:`state_dict`. Everything is checked before anything is written."""
+        n = self.num_prompts
+        _check_state_dict(state_dict, n, self.config)
+        self.state.fstate[:n].copy_(state_dict["fstate"])
+        self.state.istate[:n].copy_(state_dict["istate"])
+        self.state.step_counter.copy_(state_dict["step_counter"])
+        self.state.fault.copy_(state_dict["fault"])
+        self.epoch = state_dict["epoch"]
+
+
+def _check_state_dict(sd: dict, num_prompts: int, config: LZEConfig) -> None:
+    if not isinstance(sd, dict) or sd.get("format") != _FORMAT:
+        raise ValueError(f"state_dict: expected a dict with format {_FORMAT!r}")
+    if sd.get("num_prompts") != num_prompts:
+        raise ValueError(f"state_dict: expected num_prompts {num_prompts}, "
+                         f"got {sd.get('num_prompts')!r}")
+    if LZEConfig.from_dict(sd["config"]) != config:
+        raise ValueError("state_dict: its config differs from this selector's "
+                         f"({sd['config']} vs {config.to_dict()})")
+    expected = {
+        "fstate": ((num_prompts, L.NUM_FIELDS), torch.float32),
+        "istate": ((num_prompts, L.NUM_FIELDS), torch.int32),
+        "step_counter": ((2,), torch.int64),
+        "fault": ((1,), torch.int32),
+    }
+    for key, (shape, dtype) in expected.items():
+        t = sd.get(key)
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape or t.dtype != dtype:
+            raise ValueError(f"state_dict[{key!r}]: expected a {dtype} tensor of shape {shape}")
+    if not isinstance(sd.get("epoch"), int) or sd["epoch"] < 0:
+        raise ValueError("state_dict['epoch']: expected an int >= 0")
