@@ -347,8 +347,8 @@ def _capped_proportional(weights: torch.Tensor, budget: float, cap: float) -> to
     scale = (budget - saturated * cap) / tail.clamp_min(torch.finfo(weights.dtype).tiny)
     next_w = torch.cat([sorted_w, sorted_w.new_zeros(1)])
     fits = (scale * next_w <= cap * (1 + 1e-12)) & (scale >= 0)
-    j = torch.argmax(fits.to(torch.int8))  # first True; j = B (all saturated) is always True
-    return torch.clamp(scale[j] * weights, max=cap)
+    first_fit = torch.argmax(fits.to(torch.int8), dim=0, keepdim=True)  # j = B always fits
+    return torch.clamp(scale.gather(0, first_fit) * weights, max=cap)
 
 
 def _largest_remainder(fraction: torch.Tensor, open_rows: torch.Tensor, left: torch.Tensor):

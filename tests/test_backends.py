@@ -1,0 +1,216 @@
+"""Every kernel backend against the PyTorch reference.
+
+Binary rewards make every sum exact, so pass rates, energies, momenta and the whole state table
+must agree bit for bit (the kernels evaluate csrc/lze_math.h in the reference's order, with FMA
+contraction off); advantages involve a square root and a division of sums whose order differs per
+backend, so they agree to float tolerance. Selections must be identical.
+"""
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import KERNEL_BACKENDS, MAX_BATCH, backend_param, binary_rewards, ragged_valid
+from lze_kernels import dispatch, reference
+from lze_kernels import layout as L
+from lze_kernels.config import LZEConfig, num_keep
+from lze_kernels.layout import KernelParams, SelectorState
+
+BACKENDS = [backend_param(name) for name in KERNEL_BACKENDS]
+BATCHES = (1, 7, 300, 4096, 16384, 65536)
+GROUPS = (1, 2, 3, 8, 16, 64)
+SHAPES = [(b, g) for b in BATCHES for g in GROUPS if b * g <= 1 << 20]
+
+
+def clone_state(state):
+    return SelectorState(*(t.clone() for t in (state.fstate, state.istate, state.step_counter,
+                                               state.fault)))
+
+
+def assert_states_equal(got, want):
+    n = want.num_prompts  # row N is the reference's write sink
+    assert torch.equal(got.fstate[:n], want.fstate[:n])
+    assert torch.equal(got.istate[:n], want.istate[:n])
+    assert torch.equal(got.step_counter, want.step_counter)
+    assert torch.equal(got.fault, want.fault)
+
+
+def assert_stats_equal(got, want, exact=True):
+    torch.testing.assert_close(got.advantages, want.advantages, rtol=2e-5, atol=2e-5)
+    check = torch.equal if exact else (lambda a, b: torch.allclose(a, b, rtol=1e-5, atol=1e-6))
+    for name in ("pass_rate", "energy", "momentum"):
+        assert check(getattr(got, name), getattr(want, name)), name
+
+
+def assert_selection_equal(got, want):
+    assert torch.equal(got.keep_mask, want.keep_mask)
+    assert torch.equal(got.kept_indices, want.kept_indices)
+    assert got.num_kept.shape == () and int(got.num_kept) == int(want.num_kept)
+
+
+def run_both(backend_name, rewards, valid, ids, state, params, k, noise_scale=0.0, seed=0):
+    """One step + top-k on the backend and on the reference, from copies of the same state."""
+    backend = dispatch.BACKENDS[backend_name]
+    ref_state = clone_state(state)
+    got = backend.step(rewards, valid, ids, state, params)
+    want = reference.lze_step(rewards, valid, ids, ref_state, params)
+    got_sel = backend.topk(got.energy, k, noise_scale, seed, state.step_counter)
+    want_sel = reference.topk_select(want.energy, k, noise_scale, seed,
+                                     ref_state.step_counter[0])
+    return (got, got_sel, state), (want, want_sel, ref_state)
+
+
+def skip_if_too_big(backend_name, batch):
+    if batch > MAX_BATCH[backend_name]:
+        pytest.skip(f"{backend_name} runs kernels in an interpreter/emulator here; B <= "
+                    f"{MAX_BATCH[backend_name]}")
+
+
+@pytest.mark.parametrize("batch,group", SHAPES)
+@pytest.mark.parametrize("backend_name", BACKENDS)
+def test_step_matches_reference(backend_name, batch, group, params):
+    skip_if_too_big(backend_name, batch)
+    gen = torch.Generator().manual_seed(batch * 131 + group)
+    rewards = binary_rewards(batch, group, gen)
+    valid = ragged_valid(batch, group, gen) if batch % 2 else None
+    ids = torch.randperm(4 * batch, generator=gen)[:batch]
+    state = SelectorState.empty(4 * batch, "cpu")
+    k = num_keep(batch, 0.4)
+    (got, got_sel, state), (want, want_sel, ref_state) = run_both(
+        backend_name, rewards, valid, ids, state, params, k
+    )
+    assert_stats_equal(got, want)
+    assert_selection_equal(got_sel, want_sel)
+    assert_states_equal(state, ref_state)
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+@pytest.mark.parametrize("noise_scale", [0.0, 0.05])
+def test_multi_step_with_repeated_prompts(backend_name, noise_scale, params):
+    """Several steps over an overlapping pool: momentum, EMA, streaks, pruning, noise keys."""
+    gen = torch.Generator().manual_seed(7)
+    num_prompts, batch, group = 600, 256, 8
+    difficulty = torch.rand(num_prompts, 1, generator=gen)
+    state = SelectorState.empty(num_prompts, "cpu")
+    ref_state = clone_state(state)
+    backend = dispatch.BACKENDS[backend_name]
+    for step in range(6):
+        ids = torch.randperm(num_prompts, generator=gen)[:batch]
+        rewards = binary_rewards(batch, group, gen, difficulty[ids])
+        valid = ragged_valid(batch, group, gen) if step % 2 else None
+        got = backend.step(rewards, valid, ids, state, params)
+        want = reference.lze_step(rewards, valid, ids, ref_state, params)
+        assert_stats_equal(got, want)
+        assert_states_equal(state, ref_state)
+        got_sel = backend.topk(got.energy, 100, noise_scale, 11, state.step_counter)
+        want_sel = reference.topk_select(want.energy, 100, noise_scale, 11,
+                                         ref_state.step_counter[0])
+        assert_selection_equal(got_sel, want_sel)
+    assert (state.istate[:, L.FLAGS] & L.FLAG_PRUNED).any()  # the pruner was exercised
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_continuous_rewards_and_low_precision(backend_name, dtype, params):
+    gen = torch.Generator().manual_seed(3)
+    batch, group = 513, 12
+    rewards = torch.rand(batch, group, generator=gen).to(dtype)
+    valid = ragged_valid(batch, group, gen)
+    ids = torch.randperm(batch, generator=gen)
+    state = SelectorState.empty(batch, "cpu")
+    (got, got_sel, state), (want, _, ref_state) = run_both(
+        backend_name, rewards, valid, ids, state, params, 200
+    )
+    assert_stats_equal(got, want, exact=False)
+    torch.testing.assert_close(state.fstate, ref_state.fstate, rtol=1e-5, atol=1e-6)
+    # Selection from the backend's own energies must be exact, whatever their last ulp.
+    assert_selection_equal(got_sel, reference.topk_select(got.energy, 200, 0.0, 0,
+                                                          state.step_counter[0]))
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+@pytest.mark.parametrize("batch", [1, 5, 1000, 5000])
+@pytest.mark.parametrize("noise_scale", [0.0, 0.05, 1.0])
+def test_topk_with_ties_and_zeros(backend_name, batch, noise_scale):
+    skip_if_too_big(backend_name, batch)
+    gen = torch.Generator().manual_seed(batch)
+    # Few distinct values: many exact ties; a third are zero and must never be kept.
+    energy = torch.randint(0, 4, (batch,), generator=gen).float() / 8
+    backend = dispatch.BACKENDS[backend_name]
+    counter = torch.tensor([5, 0])
+    for k in sorted({1, max(1, batch // 3), batch}):
+        got = backend.topk(energy, k, noise_scale, 9, counter)
+        want = reference.topk_select(energy, k, noise_scale, 9, counter[0])
+        assert_selection_equal(got, want)
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+def test_topk_without_candidates(backend_name):
+    got = dispatch.BACKENDS[backend_name].topk(torch.zeros(9), 3, 0.05, 0, torch.zeros(2).long())
+    assert got.kept_indices.tolist() == [-1, -1, -1]
+    assert int(got.num_kept) == 0 and not got.keep_mask.any()
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+def test_faulty_rows_are_skipped_and_recorded(backend_name, params):
+    """check_inputs=False path: bad ids (out of range, duplicates), NaN/inf and out-of-range
+    rewards. The bad rows are skipped without touching memory out of bounds; the good rows are
+    processed exactly as the reference does; the fault bits say what was wrong."""
+    num_prompts = 50
+    rewards = binary_rewards(8, 4, torch.Generator().manual_seed(0))
+    rewards[2, 1] = float("nan")
+    rewards[3, 0] = 1.5
+    rewards[4, 3] = float("inf")
+    ids = torch.tensor([0, 1_000_000, 2, 3, 4, -7, 6, 7])
+    state = SelectorState.empty(num_prompts, "cpu")
+    (got, _, state), (want, _, ref_state) = run_both(
+        backend_name, rewards, None, ids, state, params, 3
+    )
+    assert_stats_equal(got, want)
+    assert_states_equal(state, ref_state)
+    assert state.fault.item() == (L.FAULT_ID_OUT_OF_RANGE | L.FAULT_NONFINITE_REWARD
+                                  | L.FAULT_REWARD_OUT_OF_RANGE)
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+def test_duplicate_ids_are_detected(backend_name, params):
+    ids = torch.tensor([3, 5, 3, 9, 5, 3])
+    rewards = binary_rewards(6, 4, torch.Generator().manual_seed(1))
+    rewards[:, 0], rewards[:, 1] = 1.0, 0.0  # every row has a non-zero energy
+    state = SelectorState.empty(10, "cpu")
+    got = dispatch.BACKENDS[backend_name].step(rewards, None, ids, state, params)
+    assert state.fault.item() == L.FAULT_DUPLICATE_ID
+    # Exactly one row per distinct id was applied (which one is the GPU's race to win).
+    assert int((got.energy > 0).sum()) == 3
+    assert state.istate[[3, 5, 9], L.SEEN].tolist() == [1, 1, 1]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+@pytest.mark.parametrize("backend_name", BACKENDS)
+def test_property_random_configs(backend_name, data):
+    """Random batches, groups, configs and multi-step histories agree with the reference."""
+    batch = data.draw(st.integers(1, 70), label="batch")
+    group = data.draw(st.integers(1, 40), label="group")
+    config = LZEConfig(
+        keep_ratio=data.draw(st.floats(0.01, 1.0)), beta=data.draw(st.floats(0.0, 0.99)),
+        d_min=data.draw(st.floats(0.0, 1.0)), alpha=data.draw(st.floats(0.0, 2.0)),
+        norm_by_std=data.draw(st.booleans()), prune_after=data.draw(st.integers(1, 3)),
+    )
+    params = KernelParams.from_config(config)
+    seed = data.draw(st.integers(0, 2**32 - 1))
+    noise = data.draw(st.sampled_from([0.0, 0.05]))
+    gen = torch.Generator().manual_seed(data.draw(st.integers(0, 2**31)))
+    num_prompts = batch + data.draw(st.integers(0, 20))
+    state = SelectorState.empty(num_prompts, "cpu")
+    for _ in range(data.draw(st.integers(1, 3))):
+        ids = torch.randperm(num_prompts, generator=gen)[:batch]
+        rewards = binary_rewards(batch, group, gen)
+        valid = ragged_valid(batch, group, gen) if data.draw(st.booleans()) else None
+        (got, got_sel, state), (want, want_sel, ref_state) = run_both(
+            backend_name, rewards, valid, ids, state, params, config.num_keep(batch), noise, seed
+        )
+        assert_stats_equal(got, want)
+        assert_selection_equal(got_sel, want_sel)
+        assert_states_equal(state, ref_state)

@@ -1,0 +1,210 @@
+"""The user-facing LZESelector: API, backends, checkpoints, bad input."""
+
+import pytest
+import torch
+
+from conftest import binary_rewards, ragged_valid
+from lze_kernels import LZEConfig, LZESelector, available_backends, ops
+from lze_kernels import layout as L
+
+CPU_BACKENDS = [b for b in ("torch", "cpu", "cuda_emulated", "triton")
+                if b in available_backends("cpu")]
+
+
+def make_batch(batch=64, group=8, num_prompts=200, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randperm(num_prompts, generator=gen)[:batch]
+    return binary_rewards(batch, group, gen), ids, ragged_valid(batch, group, gen)
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_step_outputs_shapes_and_backend_name(backend):
+    sel = LZESelector(200, LZEConfig(keep_ratio=0.4, noise_scale=0.05, seed=0), backend=backend)
+    rewards, ids, valid = make_batch()
+    out = sel.step(rewards, ids, valid)
+    assert sel.backend == backend
+    assert out.advantages.shape == (64, 8) and out.advantages.dtype == torch.float32
+    for t in (out.pass_rate, out.energy, out.momentum):
+        assert t.shape == (64,)
+    assert out.keep_mask.shape == (64,) and out.keep_mask.dtype == torch.bool
+    assert out.kept_indices.shape == (25,) and out.kept_indices.dtype == torch.int64
+    assert out.num_kept.shape == () and int(out.num_kept) == int(out.keep_mask.sum())
+
+
+def test_auto_picks_cpu_kernels_for_cpu_tensors_and_env_overrides(monkeypatch):
+    expected = "cpu" if "cpu" in available_backends("cpu") else "torch"
+    assert LZESelector(10).backend == expected
+    monkeypatch.setenv("LZE_BACKEND", "torch")
+    assert LZESelector(10).backend == "torch"
+    monkeypatch.setenv("LZE_BACKEND", "bogus")
+    with pytest.raises(ValueError, match="LZE_BACKEND"):
+        LZESelector(10)
+
+
+def test_unavailable_or_wrong_device_backend_is_a_clear_error():
+    with pytest.raises(ValueError, match="backend"):
+        LZESelector(10, backend="cuda")
+    with pytest.raises(ValueError, match="backend: expected one of"):
+        LZESelector(10, backend="tpu")
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_state_dict_resume_reproduces_selection_exactly(backend):
+    config = LZEConfig(noise_scale=0.05, seed=123)
+    batches = [make_batch(seed=s) for s in range(6)]
+    straight = LZESelector(200, config, backend=backend)
+    for b in batches[:3]:
+        straight.step(*b)
+    checkpoint = straight.state_dict()
+    straight.begin_epoch()
+    expected = [straight.step(*b) for b in batches[3:]]
+
+    resumed = LZESelector(200, config, backend=backend)
+    resumed.load_state_dict(checkpoint)
+    resumed.begin_epoch()
+    for out, b in zip(expected, batches[3:]):
+        again = resumed.step(*b)
+        assert torch.equal(again.kept_indices, out.kept_indices)
+        assert torch.equal(again.energy, out.energy)
+    assert torch.equal(resumed.state.fstate, straight.state.fstate)
+    assert torch.equal(resumed.state.istate[:200], straight.state.istate[:200])
+
+
+def test_state_dict_survives_torch_save(tmp_path):
+    sel = LZESelector(50, backend="torch")
+    sel.step(*make_batch(batch=20, num_prompts=50))
+    torch.save(sel.state_dict(), tmp_path / "sel.pt")
+    other = LZESelector(50, backend="torch")
+    other.load_state_dict(torch.load(tmp_path / "sel.pt"))
+    assert torch.equal(other.state.fstate[:50], sel.state.fstate[:50])
+
+
+def test_load_state_dict_rejects_mismatch_and_keeps_state():
+    sel = LZESelector(50, backend="torch")
+    sel.step(*make_batch(batch=20, num_prompts=50))
+    before = sel.state_dict()
+    bad = dict(before, fstate=torch.zeros(49, 4))
+    with pytest.raises(ValueError, match="fstate"):
+        sel.load_state_dict(bad)
+    with pytest.raises(ValueError, match="num_prompts"):
+        sel.load_state_dict(LZESelector(51).state_dict())
+    with pytest.raises(ValueError, match="config"):
+        sel.load_state_dict(LZESelector(50, LZEConfig(alpha=0.5)).state_dict())
+    assert torch.equal(sel.state_dict()["fstate"], before["fstate"])
+
+
+def test_noise_is_reproducible_per_seed_and_varies_per_step():
+    rewards, ids, _ = make_batch(batch=128)
+    picks = []
+    for seed in (0, 0, 1):
+        sel = LZESelector(200, LZEConfig(noise_scale=0.5, seed=seed), backend="torch")
+        picks.append(sel.step(rewards, ids).kept_indices)
+    assert torch.equal(picks[0], picks[1]) and not torch.equal(picks[0], picks[2])
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda r, i, v: (r[0], i, v), "rewards: expected a 2-D"),
+        (lambda r, i, v: (r.double(), i, v), "rewards: expected dtype"),
+        (lambda r, i, v: (r, i.int(), v), "prompt_ids: expected dtype"),
+        (lambda r, i, v: (r, i[:-1], v), "prompt_ids: expected shape"),
+        (lambda r, i, v: (r, i, v.float()), "valid: expected dtype"),
+        (lambda r, i, v: (r, i, v[:, :-1]), "valid: expected shape"),
+        (lambda r, i, v: (r[:0], i[:0], v[:0]), "B >= 1"),
+        (lambda r, i, v: (r, i + 1000, v), r"prompt_ids: expected ids in \[0, 200\)"),
+        (lambda r, i, v: (r, torch.cat([i[:1], i[:-1]]), v), "distinct"),
+        (lambda r, i, v: (r.index_fill(0, torch.tensor([3]), float("nan")), i, None), "finite"),
+        (lambda r, i, v: (r * 2 + 0.1, i, None), r"values in \[0, 1\]"),
+    ],
+)
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_bad_input_raises_and_state_is_unchanged(backend, mutate, message):
+    sel = LZESelector(200, backend=backend)
+    sel.step(*make_batch(seed=1))
+    before = sel.state_dict()
+    with pytest.raises(ValueError, match=message):
+        sel.step(*mutate(*make_batch(seed=2)))
+    after = sel.state_dict()
+    for key in ("fstate", "istate", "step_counter", "fault"):
+        assert torch.equal(after[key], before[key]), key
+
+
+def test_invalid_padding_may_hold_garbage():
+    sel = LZESelector(200, backend="torch")
+    rewards, ids, valid = make_batch()
+    rewards = torch.where(valid, rewards, float("nan"))
+    out = sel.step(rewards, ids, valid)
+    assert torch.isfinite(out.advantages).all()
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_unchecked_faults_are_raised_later(backend):
+    sel = LZESelector(200, backend=backend)
+    rewards, ids, _ = make_batch()
+    ids[0] = 999
+    sel.step(rewards, ids, check_inputs=False)  # no sync, no error yet
+    with pytest.raises(ValueError, match=r"prompt_ids: expected every id in \[0, num_prompts\)"):
+        sel.step(*make_batch(seed=3))  # the next checked call raises
+    sel.raise_if_faulted()  # cleared once raised
+    sel.step(*make_batch(seed=3))
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("keep_ratio", 0.0), ("keep_ratio", 1.5), ("noise_scale", -1.0), ("seed", -1),
+     ("beta", 1.0), ("prune_after", 0), ("replay_ratio", 2.0), ("eps", 0.0)],
+)
+def test_config_validation_names_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        LZEConfig(**{field: value})
+
+
+def test_keep_count_depends_on_batch_only():
+    config = LZEConfig(keep_ratio=0.4)
+    assert [config.num_keep(b) for b in (1, 2, 3, 10, 16384)] == [1, 1, 1, 4, 6553]
+
+
+def test_forward_pruner_flow():
+    sel = LZESelector(4, LZEConfig(prune_after=2, replay_ratio=1.0), backend="torch")
+    solved = torch.ones(2, 4)
+    ids = torch.tensor([0, 1])
+    for _ in range(2):
+        sel.step(solved, ids)
+    assert sel.rollout_mask(torch.arange(4)).tolist() == [False, False, True, True]
+    picked, eligible = sel.take_eligible(torch.arange(4), 3)
+    assert picked.tolist() == [2, 3, 0] and eligible.tolist() == [True, True, False]
+    sel.begin_epoch()  # replay_ratio = 1: every pruned prompt is replayed
+    assert sel.rollout_mask(torch.arange(4)).all()
+    with pytest.raises(ValueError, match="batch_size"):
+        sel.take_eligible(torch.arange(4), 5)
+
+
+def test_allocate_rollouts_api():
+    sel = LZESelector(100, backend="torch")
+    rewards, ids, _ = make_batch(batch=32, num_prompts=100)
+    sel.step(rewards, ids)
+    counts = sel.allocate_rollouts(ids, total=256, tau=0.2, n_min=2, n_max=32)
+    assert counts.dtype == torch.int64 and counts.sum().item() == 256
+    assert counts.min().item() >= 2 and counts.max().item() <= 32
+    pr = sel.allocate_rollouts(ids, total=256, score="pass_rate")
+    assert pr.sum().item() == 256
+    with pytest.raises(ValueError, match="total"):
+        sel.allocate_rollouts(ids, total=10)
+    with pytest.raises(ValueError, match="score"):
+        sel.allocate_rollouts(ids, total=256, score="nope")
+
+
+def test_ops_building_blocks():
+    rewards, ids, valid = make_batch()
+    state = ops.new_state(200)
+    stats = ops.lze_update(rewards, ids, state, valid)
+    assert torch.allclose(stats.advantages, ops.grpo_advantages(rewards, valid), atol=1e-5)
+    sel = ops.topk_mask(stats.energy, k=ops.num_keep(64, 0.4), step=state.step_counter)
+    assert sel.kept_indices.shape == (25,)
+    assert ops.dapo_keep_mask(rewards, valid).shape == (64,)
+    assert ops.allocate_rollouts(stats.energy, 64 * 8).sum().item() == 512
+    with pytest.raises(ValueError, match="k: expected"):
+        ops.topk_mask(stats.energy, k=0)
+    assert int(state.step_counter[0]) == 1 and int(state.fault[0]) == 0
+    assert (state.istate[ids, L.SEEN] == (valid.sum(1) > 0).int()).all()
