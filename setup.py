@@ -19,59 +19,60 @@ from pathlib import Path
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.errors import CompileError
 
 ROOT = Path(__file__).resolve().parent
-REQUIRED_TARGETS = ("_lze_cpu",)
-OPTIONAL_TARGETS = ("_lze_cuda_emu", "_lze_cuda")
 
 
 class CMakeExtension(Extension):
-    """The whole CMake project, named after the module it must produce."""
+    """One pybind11 module, built as a target of the project's CMakeLists.txt."""
 
-    def __init__(self, name: str):
-        super().__init__(name, sources=[])
+    def __init__(self, target: str, optional: bool):
+        super().__init__(f"lze_kernels.{target}", sources=[], optional=optional)
+        self.target = target
 
 
 class CMakeBuild(build_ext):
-    def build_extension(self, ext: CMakeExtension) -> None:
-        out_dir = Path(self.get_ext_fullpath(ext.name)).resolve().parent
-        build_dir = Path(self.build_temp).resolve() / "cmake"
-        build_dir.mkdir(parents=True, exist_ok=True)
-        self._configure(build_dir, out_dir)
-        for target in REQUIRED_TARGETS:
-            self._build(build_dir, target, required=True)
-        for target in OPTIONAL_TARGETS:
-            self._build(build_dir, target, required=False)
+    """Configures the CMake project once, then builds one target per extension. A failing
+    optional target raises CompileError, which setuptools reports and skips."""
 
-    def _configure(self, build_dir: Path, out_dir: Path) -> None:
+    _configured_dir = None
+
+    def build_extension(self, ext: CMakeExtension) -> None:
+        build_dir = self._configure(Path(self.get_ext_fullpath(ext.name)).resolve().parent)
+        if ext.optional and not _cmake_has_target(build_dir, ext.target):
+            raise CompileError(f"{ext.target}: not configured (toolkit or sources missing)")
+        jobs = os.environ.get("LZE_BUILD_JOBS", str(os.cpu_count() or 1))
+        cmd = ["cmake", "--build", str(build_dir), "--target", ext.target, "-j", jobs]
+        if subprocess.run(cmd, check=False).returncode != 0:
+            raise CompileError(f"lze_kernels: building {ext.target} failed")
+
+    def _configure(self, out_dir: Path) -> Path:
+        if self._configured_dir is not None:
+            return self._configured_dir
         import pybind11
 
+        build_dir = Path(self.build_temp).resolve() / "cmake"
+        build_dir.mkdir(parents=True, exist_ok=True)
         args = [
             "cmake", "-S", str(ROOT), "-B", str(build_dir),
             f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={out_dir}",
             f"-DPython_EXECUTABLE={sys.executable}",
             f"-Dpybind11_DIR={pybind11.get_cmake_dir()}",
             "-DCMAKE_BUILD_TYPE=Release",
-            f"-DLZE_BUILD_CUDA={'OFF' if os.environ.get('LZE_BUILD_CUDA') == '0' else 'ON'}",
-            "-DLZE_BUILD_CUDA_EMULATED="
-            + ("OFF" if os.environ.get("LZE_BUILD_CUDA_EMULATED") == "0" else "ON"),
+            f"-DLZE_BUILD_CUDA={_flag('LZE_BUILD_CUDA')}",
+            f"-DLZE_BUILD_CUDA_EMULATED={_flag('LZE_BUILD_CUDA_EMULATED')}",
         ]
         if os.environ.get("LZE_CUDA_ARCHS"):
             args.append(f"-DCMAKE_CUDA_ARCHITECTURES={os.environ['LZE_CUDA_ARCHS']}")
         args += shlex.split(os.environ.get("LZE_CMAKE_ARGS", ""))
         subprocess.run(args, check=True)
+        self._configured_dir = build_dir
+        return build_dir
 
-    def _build(self, build_dir: Path, target: str, required: bool) -> None:
-        if not required and not _cmake_has_target(build_dir, target):
-            print(f"lze_kernels: {target} not configured (toolkit or sources missing), skipped")
-            return
-        jobs = os.environ.get("LZE_BUILD_JOBS", str(os.cpu_count() or 1))
-        cmd = ["cmake", "--build", str(build_dir), "--target", target, "-j", jobs]
-        result = subprocess.run(cmd, check=False)
-        if result.returncode != 0:
-            if required:
-                raise RuntimeError(f"lze_kernels: building {target} failed")
-            print(f"lze_kernels: WARNING: building {target} failed; that backend is unavailable")
+
+def _flag(name: str) -> str:
+    return "OFF" if os.environ.get(name) == "0" else "ON"
 
 
 def _cmake_has_target(build_dir: Path, target: str) -> bool:
@@ -83,6 +84,10 @@ def _cmake_has_target(build_dir: Path, target: str) -> bool:
 
 
 setup(
-    ext_modules=[CMakeExtension("lze_kernels._lze_cpu")],
+    ext_modules=[
+        CMakeExtension("_lze_cpu", optional=False),
+        CMakeExtension("_lze_cuda_emu", optional=True),
+        CMakeExtension("_lze_cuda", optional=True),
+    ],
     cmdclass={"build_ext": CMakeBuild},
 )

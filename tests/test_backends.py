@@ -123,7 +123,8 @@ def test_continuous_rewards_and_low_precision(backend_name, dtype, params):
         backend_name, rewards, valid, ids, state, params, 200
     )
     assert_stats_equal(got, want, exact=False)
-    torch.testing.assert_close(state.fstate, ref_state.fstate, rtol=1e-5, atol=1e-6)
+    n = state.num_prompts  # row N is the reference's write sink
+    torch.testing.assert_close(state.fstate[:n], ref_state.fstate[:n], rtol=1e-5, atol=1e-6)
     # Selection from the backend's own energies must be exact, whatever their last ulp.
     assert_selection_equal(got_sel, reference.topk_select(got.energy, 200, 0.0, 0,
                                                           state.step_counter[0]))
