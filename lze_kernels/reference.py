@@ -170,7 +170,7 @@ def lze_step(
     momentum = torch.where(active, momentum, 0.0)
     ema = torch.where(first, p, params.beta * ema_before + params.one_minus_beta * p)
 
-    solved = p >= torch.tensor(L.SOLVED_THRESHOLD, dtype=torch.float32, device=p.device)
+    solved = p >= L.SOLVED_THRESHOLD  # a Python scalar: compared in fp32, no device copy
     streak = torch.where(solved, istate[:, L.SOLVED_STREAK] + 1, 0)
     flags = torch.where(streak >= params.prune_after, L.FLAG_PRUNED, 0)
     stamp = (state.step_counter[0] + 1).to(torch.int32).expand_as(seen)
@@ -285,7 +285,7 @@ def draw_replays(state: SelectorState, replay_ratio: float, seed: int, epoch: in
     One Bernoulli draw per prompt from Philox keyed by (seed, 2^31 + epoch), counter = prompt id,
     so the draw is reproducible, device-independent and sync-free."""
     n = state.num_prompts
-    stream = torch.tensor(0x80000000 + epoch, dtype=torch.int64, device=state.istate.device)
+    stream = torch.full((), 0x80000000 + epoch, dtype=torch.int64, device=state.istate.device)
     u = uniform_from_bits(philox_4x32_10(seed, stream, torch.arange(n, device=stream.device)))
     flags = state.istate[:n, L.FLAGS]
     pruned = (flags & L.FLAG_PRUNED) != 0
