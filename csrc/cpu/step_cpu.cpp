@@ -1,0 +1,239 @@
+// C++ CPU kernel of the fused LZE step (SPEC 2, 3, 5): per-row statistics, GRPO advantages,
+// Learning-Zone Energy and the per-prompt state update, matching lze_kernels/reference.py.
+//
+// The step runs in two phases inside one OpenMP region:
+//  1. rows, split by batch position: statistics, advantages, fault bits, and the energy each
+//     claimable row would get from the state as it was before the step (state is only read);
+//  2. state, split by prompt id: each thread walks the whole batch in order and commits the rows
+//     whose id it owns. The first row carrying an id claims it (claim = stamp); a later row with
+//     the same id finds the stamp and is a duplicate, exactly the reference's "earlier row wins",
+//     with no atomics and no two threads writing the same state row.
+// Duplicates are rare (a caller bug), so their outputs are zeroed afterwards.
+#include <algorithm>
+#include <memory>
+#include <vector>
+
+#include "cpu/parallel.h"
+#include "lze_kernels.h"
+
+namespace {
+
+using lze_cpu::Range;
+
+// Rows per cache line of the [B] fp32 outputs: thread boundaries on multiples of this keep
+// threads off each other's lines. Also a multiple of the 4 state rows in a 64-byte line.
+constexpr int64_t kLineRows = 16;
+
+struct RowStats {
+  int64_t count;  // valid rollouts
+  float mean;
+  float std;
+  int32_t fault;  // reward fault bits of the row (ids are checked separately)
+};
+
+// Everything the step writes for one prompt, computed from its state before the step.
+struct PromptUpdate {
+  float fstate[lze::kNumFloatFields];
+  int32_t istate[lze::kNumIntFields];
+  float momentum;
+};
+
+struct StepArgs {
+  const void* rewards;
+  const uint8_t* valid;
+  const int64_t* prompt_ids;
+  int64_t B, G, N;
+  float* fstate;
+  int32_t* istate;
+  float* advantages;
+  float* pass_rate;
+  float* energy;
+  float* momentum;
+  uint8_t* claimable;  // scratch [B]: row has no fault and n > 0, so it takes part in claiming
+  int32_t stamp;
+  lze::Params params;
+};
+
+// One row of rewards with its validity mask, read through locals so that the compiler sees no
+// aliasing with the outputs and vectorises the loops over G.
+template <int32_t kDType, bool kMasked>
+struct RowView {
+  const void* rewards;
+  const uint8_t* valid;
+  int64_t base;  // flat index of the row's first element
+
+  float reward(int64_t g) const { return lze::load_reward(rewards, base + g, kDType); }
+  bool is_valid(int64_t g) const { return !kMasked || valid[base + g] != 0; }
+};
+
+// Exact fault bits of a row already known to hold a valid reward outside [0, 1] (or a NaN).
+template <int32_t kDType, bool kMasked>
+int32_t reward_faults(const RowView<kDType, kMasked>& row, int64_t G) {
+  int32_t fault = 0;
+  for (int64_t g = 0; g < G; ++g) {
+    if (row.is_valid(g)) fault |= lze::reward_fault(row.reward(g));
+  }
+  return fault;
+}
+
+// Count, mean and unbiased std of the valid rewards of a row, fp32 accumulation. The simd
+// reductions reorder the sums, which is exact for binary rewards. Bitwise & and | rather than
+// && and || keep the loop bodies free of branches, so they vectorise.
+template <int32_t kDType, bool kMasked>
+RowStats row_stats(const RowView<kDType, kMasked> row, int64_t G) {
+  int32_t count = 0, outside = 0;
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : count, sum, outside)
+  for (int64_t g = 0; g < G; ++g) {
+    const float r = row.reward(g);
+    const bool v = row.is_valid(g);
+    count += v;
+    sum += v ? r : 0.0f;
+    // One comparison pair catches NaN, infinities and out-of-range values alike.
+    outside += v & !((r >= 0.0f) & (r <= 1.0f));
+  }
+  const int32_t fault = outside == 0 ? 0 : reward_faults(row, G);
+  const float mean = count > 0 ? sum / static_cast<float>(count) : 0.0f;
+  float sum_sq_dev = 0.0f;
+#pragma omp simd reduction(+ : sum_sq_dev)
+  for (int64_t g = 0; g < G; ++g) {
+    const float centred = row.reward(g) - mean;
+    sum_sq_dev += row.is_valid(g) ? centred * centred : 0.0f;
+  }
+  return RowStats{count, mean, lze::unbiased_std(sum_sq_dev, count), fault};
+}
+
+template <int32_t kDType, bool kMasked>
+void write_advantages(const RowView<kDType, kMasked> row, int64_t G, const RowStats s,
+                      const lze::Params prm, float* out) {
+  if (s.count < 2) {  // grpo_advantage() would give 0 everywhere; hoisted so the loop vectorises
+    std::fill_n(out, G, 0.0f);
+    return;
+  }
+#pragma omp simd
+  for (int64_t g = 0; g < G; ++g) {
+    const float adv = lze::grpo_advantage(row.reward(g), s.mean, s.std, s.count, prm);
+    out[g] = row.is_valid(g) ? adv : 0.0f;
+  }
+}
+
+inline void zero_row(const StepArgs& a, int64_t row) {
+  std::fill_n(a.advantages + row * a.G, a.G, 0.0f);
+  a.pass_rate[row] = 0.0f;
+  a.energy[row] = 0.0f;
+  a.momentum[row] = 0.0f;
+}
+
+// SPEC 3 and 5 for one prompt with pass rate p, from its state rows before the step.
+PromptUpdate next_state(float p, const float* fs, const int32_t* is, int32_t stamp,
+                        const lze::Params& prm) {
+  const bool first_sight = is[lze::kSeen] == 0;
+  const float ema_before = fs[lze::kEma];
+  const float d_init = first_sight ? lze::anchor_difficulty(p, prm) : fs[lze::kDInit];
+  const float m = first_sight ? 0.0f : lze::momentum(p, ema_before);
+  const float e = lze::energy(d_init, lze::uncertainty(p), m, prm);
+  const float ema = first_sight ? p : lze::ema_update(ema_before, p, prm);
+  const int32_t streak = p >= lze::kSolvedThreshold ? is[lze::kSolvedStreak] + 1 : 0;
+  // Writing the flags whole also clears the replay bit and un-prunes a failed replay.
+  const int32_t flags = streak >= prm.prune_after ? lze::kFlagPruned : 0;
+  return PromptUpdate{{d_init, ema, p, e}, {is[lze::kSeen] + 1, streak, flags, stamp}, m};
+}
+
+inline PromptUpdate next_state_of(const StepArgs& a, int64_t row) {
+  const int64_t id = a.prompt_ids[row];
+  return next_state(a.pass_rate[row], a.fstate + id * lze::kNumFloatFields,
+                    a.istate + id * lze::kNumIntFields, a.stamp, a.params);
+}
+
+// Phase 1 on rows [r.begin, r.end); returns the fault bits seen.
+template <int32_t kDType, bool kMasked>
+int32_t process_rows(const StepArgs& a, Range r) {
+  int32_t faults = 0;
+  for (int64_t row = r.begin; row < r.end; ++row) {
+    const RowView<kDType, kMasked> view{a.rewards, a.valid, row * a.G};
+    const RowStats s = row_stats(view, a.G);
+    const int64_t id = a.prompt_ids[row];
+    const int32_t fault = s.fault | (id < 0 || id >= a.N ? lze::kFaultIdOutOfRange : 0);
+    faults |= fault;
+    const bool claimable = fault == 0 && s.count > 0;
+    a.claimable[row] = claimable;
+    if (!claimable) {
+      zero_row(a, row);
+      continue;
+    }
+    write_advantages(view, a.G, s, a.params, a.advantages + row * a.G);
+    a.pass_rate[row] = s.mean;
+    const PromptUpdate u = next_state_of(a, row);
+    a.energy[row] = u.fstate[lze::kLastEnergy];
+    a.momentum[row] = u.momentum;
+  }
+  return faults;
+}
+
+// Phase 2 for the prompt ids in `ids`: commits the first row of each id, in batch order, and
+// appends later rows with the same id to `duplicates`.
+void commit_states(const StepArgs& a, Range ids, std::vector<int64_t>& duplicates) {
+  for (int64_t row = 0; row < a.B; ++row) {
+    const int64_t id = a.prompt_ids[row];
+    if (!a.claimable[row] || id < ids.begin || id >= ids.end) continue;
+    int32_t* is = a.istate + id * lze::kNumIntFields;
+    // >= rather than ==, as the GPU kernels' atomic-max claim: a stamp from the future (a state
+    // restored under an older step counter) also refuses the row.
+    if (is[lze::kClaim] >= a.stamp) {
+      duplicates.push_back(row);
+      continue;
+    }
+    const PromptUpdate u = next_state_of(a, row);
+    std::copy_n(u.fstate, lze::kNumFloatFields, a.fstate + id * lze::kNumFloatFields);
+    std::copy_n(u.istate, lze::kNumIntFields, is);
+  }
+}
+
+template <int32_t kDType, bool kMasked>
+void run_step(const StepArgs& a, int32_t* fault) {
+#pragma omp parallel if (a.B >= lze_cpu::kParallelMinRows)
+  {
+    const int threads = lze_cpu::thread_count(), index = lze_cpu::thread_index();
+    int32_t faults = process_rows<kDType, kMasked>(a, lze_cpu::thread_range(a.B, index, threads, kLineRows));
+#pragma omp barrier
+    std::vector<int64_t> duplicates;
+    commit_states(a, lze_cpu::thread_range(a.N, index, threads, kLineRows), duplicates);
+#pragma omp barrier
+    // Phase 1 wrote these rows' outputs; every thread is past it, so zeroing them is race-free.
+    for (const int64_t row : duplicates) zero_row(a, row);
+    if (!duplicates.empty()) faults |= lze::kFaultDuplicateId;
+    if (faults != 0) __atomic_fetch_or(fault, faults, __ATOMIC_RELAXED);
+  }
+}
+
+template <int32_t kDType>
+void run_step_dtype(const StepArgs& a, int32_t* fault) {
+  if (a.valid != nullptr) {
+    run_step<kDType, true>(a, fault);
+  } else {
+    run_step<kDType, false>(a, fault);
+  }
+}
+
+}  // namespace
+
+extern "C" int lze_step_cpu(const void* rewards, int32_t rewards_dtype, const uint8_t* valid,
+                            const int64_t* prompt_ids, int64_t B, int64_t G, int64_t N,
+                            float* fstate, int32_t* istate, int64_t* step_counter,
+                            float* advantages, float* pass_rate, float* energy, float* momentum,
+                            int32_t* fault, lze::Params params) {
+  // Scratch flags rather than an encoding in the outputs; uninitialised, phase 1 writes each.
+  std::unique_ptr<uint8_t[]> claimable(new uint8_t[B > 0 ? B : 1]);
+  const StepArgs args{rewards,  valid,     prompt_ids, B,      G,
+                      N,        fstate,    istate,     advantages, pass_rate,
+                      energy,   momentum,  claimable.get(),
+                      static_cast<int32_t>(step_counter[0] + 1), params};
+  switch (rewards_dtype) {
+    case lze::kF32: run_step_dtype<lze::kF32>(args, fault); break;
+    case lze::kBF16: run_step_dtype<lze::kBF16>(args, fault); break;
+    case lze::kF16: run_step_dtype<lze::kF16>(args, fault); break;
+    default: return 1;
+  }
+  step_counter[0] += 1;
+  return 0;
+}
