@@ -139,19 +139,36 @@ PromptUpdate next_state(float p, const float* fs, const int32_t* is, int32_t sta
   return PromptUpdate{{d_init, ema, p, e}, {is[lze::kSeen] + 1, streak, flags, stamp}, m};
 }
 
+// The state tables are large and read at random ids: without prefetching, each row waits for
+// its own cache (and TLB) miss, as a row carries too many instructions for the out-of-order
+// window to reach the next row's loads.
+constexpr int64_t kPrefetchRows = 16;
+
+inline void prefetch_state(const StepArgs& a, int64_t row, Range ids) {
+  if (row >= a.B) return;
+  const int64_t id = a.prompt_ids[row];
+  if (id < ids.begin || id >= ids.end) return;
+  __builtin_prefetch(a.fstate + id * lze::kNumFloatFields, 1);
+  __builtin_prefetch(a.istate + id * lze::kNumIntFields, 1);
+}
+
 inline PromptUpdate next_state_of(const StepArgs& a, int64_t row) {
   const int64_t id = a.prompt_ids[row];
   return next_state(a.pass_rate[row], a.fstate + id * lze::kNumFloatFields,
                     a.istate + id * lze::kNumIntFields, a.stamp, a.params);
 }
 
-// Phase 1 on rows [r.begin, r.end); returns the fault bits seen.
-template <int32_t kDType, bool kMasked>
+// Phase 1 on rows [r.begin, r.end); returns the fault bits seen. kG > 0 fixes G at compile
+// time (the common G = 16), which lets the compiler unroll the loops over a row completely:
+// that halves the time of the statistics.
+template <int32_t kDType, bool kMasked, int64_t kG>
 int32_t process_rows(const StepArgs& a, Range r) {
+  const int64_t G = kG > 0 ? kG : a.G;
   int32_t faults = 0;
   for (int64_t row = r.begin; row < r.end; ++row) {
-    const RowView<kDType, kMasked> view{a.rewards, a.valid, row * a.G};
-    const RowStats s = row_stats(view, a.G);
+    prefetch_state(a, row + kPrefetchRows, Range{0, a.N});
+    const RowView<kDType, kMasked> view{a.rewards, a.valid, row * G};
+    const RowStats s = row_stats(view, G);
     const int64_t id = a.prompt_ids[row];
     const int32_t fault = s.fault | (id < 0 || id >= a.N ? lze::kFaultIdOutOfRange : 0);
     faults |= fault;
@@ -161,7 +178,7 @@ int32_t process_rows(const StepArgs& a, Range r) {
       zero_row(a, row);
       continue;
     }
-    write_advantages(view, a.G, s, a.params, a.advantages + row * a.G);
+    write_advantages(view, G, s, a.params, a.advantages + row * G);
     a.pass_rate[row] = s.mean;
     const PromptUpdate u = next_state_of(a, row);
     a.energy[row] = u.fstate[lze::kLastEnergy];
@@ -174,6 +191,7 @@ int32_t process_rows(const StepArgs& a, Range r) {
 // appends later rows with the same id to `duplicates`.
 void commit_states(const StepArgs& a, Range ids, std::vector<int64_t>& duplicates) {
   for (int64_t row = 0; row < a.B; ++row) {
+    prefetch_state(a, row + kPrefetchRows, ids);
     const int64_t id = a.prompt_ids[row];
     if (!a.claimable[row] || id < ids.begin || id >= ids.end) continue;
     int32_t* is = a.istate + id * lze::kNumIntFields;
@@ -189,12 +207,13 @@ void commit_states(const StepArgs& a, Range ids, std::vector<int64_t>& duplicate
   }
 }
 
-template <int32_t kDType, bool kMasked>
+template <int32_t kDType, bool kMasked, int64_t kG>
 void run_step(const StepArgs& a, int32_t* fault) {
 #pragma omp parallel if (a.B >= lze_cpu::kParallelMinRows)
   {
     const int threads = lze_cpu::thread_count(), index = lze_cpu::thread_index();
-    int32_t faults = process_rows<kDType, kMasked>(a, lze_cpu::thread_range(a.B, index, threads, kLineRows));
+    int32_t faults =
+        process_rows<kDType, kMasked, kG>(a, lze_cpu::thread_range(a.B, index, threads, kLineRows));
 #pragma omp barrier
     std::vector<int64_t> duplicates;
     commit_states(a, lze_cpu::thread_range(a.N, index, threads, kLineRows), duplicates);
@@ -209,9 +228,11 @@ void run_step(const StepArgs& a, int32_t* fault) {
 template <int32_t kDType>
 void run_step_dtype(const StepArgs& a, int32_t* fault) {
   if (a.valid != nullptr) {
-    run_step<kDType, true>(a, fault);
+    run_step<kDType, true, 0>(a, fault);
+  } else if (a.G == 16) {
+    run_step<kDType, false, 16>(a, fault);
   } else {
-    run_step<kDType, false>(a, fault);
+    run_step<kDType, false, 0>(a, fault);
   }
 }
 
