@@ -4,13 +4,13 @@
 // The step runs in two phases inside one OpenMP region:
 //  1. rows, split by batch position: statistics, advantages, fault bits, and the energy each
 //     claimable row would get from the state as it was before the step (state is only read);
-//  2. state, split by prompt id: each thread walks the whole batch in order and commits the rows
-//     whose id it owns. The first row carrying an id claims it (claim = stamp); a later row with
-//     the same id finds the stamp and is a duplicate, exactly the reference's "earlier row wins",
-//     with no atomics and no two threads writing the same state row.
+//  2. state, split by prompt id: phase 1 hands each claimable row to the thread that owns its id
+//     (a list per pair of threads), and each owner commits its rows in batch order. The first
+//     row carrying an id claims it (claim = stamp); a later row with the same id finds the stamp
+//     and is a duplicate, exactly the reference's "earlier row wins", with no atomics and no two
+//     threads writing the same state row.
 // Duplicates are rare (a caller bug), so their outputs are zeroed afterwards.
 #include <algorithm>
-#include <memory>
 #include <vector>
 
 #include "cpu/parallel.h"
@@ -49,7 +49,6 @@ struct StepArgs {
   float* pass_rate;
   float* energy;
   float* momentum;
-  uint8_t* claimable;  // scratch [B]: row has no fault and n > 0, so it takes part in claiming
   int32_t stamp;
   lze::Params params;
 };
@@ -158,16 +157,16 @@ inline PromptUpdate next_state_of(const StepArgs& a, int64_t row) {
                     a.istate + id * lze::kNumIntFields, a.stamp, a.params);
 }
 
-// Phase 1 for one row; returns its fault bits.
+constexpr int32_t kClaimable = -1;
+
+// Phase 1 for one row; returns its fault bits, or -1 when the row is claimable (no fault, n > 0).
 template <int32_t kDType, bool kMasked>
 int32_t process_row(const StepArgs& a, int64_t row, int64_t G) {
   const RowView<kDType, kMasked> view{a.rewards, a.valid, row * G};
   const RowStats s = row_stats(view, G);
   const int64_t id = a.prompt_ids[row];
   const int32_t fault = s.fault | (id < 0 || id >= a.N ? lze::kFaultIdOutOfRange : 0);
-  const bool claimable = fault == 0 && s.count > 0;
-  a.claimable[row] = claimable;
-  if (!claimable) {
+  if (fault != 0 || s.count == 0) {
     zero_row(a, row);
     return fault;
   }
@@ -176,29 +175,50 @@ int32_t process_row(const StepArgs& a, int64_t row, int64_t G) {
   const PromptUpdate u = next_state_of(a, row);
   a.energy[row] = u.fstate[lze::kLastEnergy];
   a.momentum[row] = u.momentum;
-  return 0;
+  return kClaimable;
 }
 
-// Phase 1 on rows [r.begin, r.end); returns the fault bits seen. kG > 0 fixes G at compile time
-// (the common G = 16), which lets the compiler unroll the loops over a row completely.
+// Claimable rows found by each phase-1 thread, one list per owner of their prompt ids:
+// lists[finder * threads + owner], each in batch order.
+using RowLists = std::vector<std::vector<int64_t>>;
+
+// The phase-2 thread that owns prompt `id` (the threads split [0, N) by thread_range).
+inline int owner_of(int64_t id, int64_t N, int threads) {
+  int owner = 0;
+  while (owner + 1 < threads && id >= lze_cpu::thread_range(N, owner, threads, kLineRows).end) {
+    ++owner;
+  }
+  return owner;
+}
+
+// Phase 1 on rows [r.begin, r.end); returns the fault bits seen and appends each claimable row
+// to `lists[owner]`. kG > 0 fixes G at compile time (the common G = 16), which lets the
+// compiler unroll the loops over a row completely.
 template <int32_t kDType, bool kMasked, int64_t kG>
-int32_t process_rows(const StepArgs& a, Range r) {
+int32_t process_rows(const StepArgs& a, Range r, int threads, std::vector<int64_t>* lists) {
   const int64_t G = kG > 0 ? kG : a.G;
   int32_t faults = 0;
   for (int64_t row = r.begin; row < r.end; ++row) {
     prefetch_state(a, row + kPrefetchRows, Range{0, a.N});
-    faults |= process_row<kDType, kMasked>(a, row, G);
+    const int32_t fault = process_row<kDType, kMasked>(a, row, G);
+    if (fault == kClaimable) {
+      lists[owner_of(a.prompt_ids[row], a.N, threads)].push_back(row);
+    } else {
+      faults |= fault;
+    }
   }
   return faults;
 }
 
-// Phase 2 for the prompt ids in `ids`: commits the first row of each id, in batch order, and
-// appends later rows with the same id to `duplicates`.
-void commit_states(const StepArgs& a, Range ids, std::vector<int64_t>& duplicates) {
-  for (int64_t row = 0; row < a.B; ++row) {
-    prefetch_state(a, row + kPrefetchRows, ids);
+// Phase 2 on the claimable rows of one owner, in batch order: commits the first row of each id
+// and appends later rows with the same id to `duplicates`.
+void commit_states(const StepArgs& a, const std::vector<int64_t>& rows,
+                   std::vector<int64_t>& duplicates) {
+  const int64_t n = static_cast<int64_t>(rows.size());
+  for (int64_t j = 0; j < n; ++j) {
+    if (j + kPrefetchRows < n) prefetch_state(a, rows[j + kPrefetchRows], Range{0, a.N});
+    const int64_t row = rows[j];
     const int64_t id = a.prompt_ids[row];
-    if (!a.claimable[row] || id < ids.begin || id >= ids.end) continue;
     int32_t* is = a.istate + id * lze::kNumIntFields;
     // >= rather than ==: the claim protocol the backends share (an atomic max of the stamp on
     // a GPU) also refuses a prompt stamped by a later step (a state restored under an older
@@ -214,15 +234,23 @@ void commit_states(const StepArgs& a, Range ids, std::vector<int64_t>& duplicate
 }
 
 template <int32_t kDType, bool kMasked, int64_t kG>
-void run_step(const StepArgs& a, int32_t* fault) {
+void run_step(const StepArgs& a, RowLists& lists, int32_t* fault) {
 #pragma omp parallel if (a.B >= lze_cpu::kParallelMinRows)
   {
     const int threads = lze_cpu::thread_count(), index = lze_cpu::thread_index();
-    int32_t faults =
-        process_rows<kDType, kMasked, kG>(a, lze_cpu::thread_range(a.B, index, threads, kLineRows));
+#pragma omp single
+    {
+      lists.resize(static_cast<size_t>(threads) * threads);
+      for (auto& list : lists) list.clear();  // keeps the capacity of earlier calls
+    }
+    const Range rows = lze_cpu::thread_range(a.B, index, threads, kLineRows);
+    int32_t faults = process_rows<kDType, kMasked, kG>(a, rows, threads, &lists[index * threads]);
 #pragma omp barrier
+    // Finders in thread order hold ascending row ranges, so this is batch order.
     std::vector<int64_t> duplicates;
-    commit_states(a, lze_cpu::thread_range(a.N, index, threads, kLineRows), duplicates);
+    for (int finder = 0; finder < threads; ++finder) {
+      commit_states(a, lists[finder * threads + index], duplicates);
+    }
 #pragma omp barrier
     // Phase 1 wrote these rows' outputs; every thread is past it, so zeroing them is race-free.
     for (const int64_t row : duplicates) zero_row(a, row);
@@ -232,13 +260,13 @@ void run_step(const StepArgs& a, int32_t* fault) {
 }
 
 template <int32_t kDType>
-void run_step_dtype(const StepArgs& a, int32_t* fault) {
+void run_step_dtype(const StepArgs& a, RowLists& lists, int32_t* fault) {
   if (a.valid != nullptr) {
-    run_step<kDType, true, 0>(a, fault);
+    run_step<kDType, true, 0>(a, lists, fault);
   } else if (a.G == 16) {
-    run_step<kDType, false, 16>(a, fault);
+    run_step<kDType, false, 16>(a, lists, fault);
   } else {
-    run_step<kDType, false, 0>(a, fault);
+    run_step<kDType, false, 0>(a, lists, fault);
   }
 }
 
@@ -249,16 +277,15 @@ extern "C" int lze_step_cpu(const void* rewards, int32_t rewards_dtype, const ui
                             float* fstate, int32_t* istate, int64_t* step_counter,
                             float* advantages, float* pass_rate, float* energy, float* momentum,
                             int32_t* fault, lze::Params params) {
-  // Scratch flags rather than an encoding in the outputs; uninitialised, phase 1 writes each.
-  std::unique_ptr<uint8_t[]> claimable(new uint8_t[B > 0 ? B : 1]);
-  const StepArgs args{rewards,  valid,     prompt_ids, B,      G,
-                      N,        fstate,    istate,     advantages, pass_rate,
-                      energy,   momentum,  claimable.get(),
+  // Owned by the calling thread and kept across calls, so that the lists reach their size once.
+  thread_local RowLists lists;
+  const StepArgs args{rewards,    valid,     prompt_ids, B,      G,        N,
+                      fstate,     istate,    advantages, pass_rate, energy, momentum,
                       static_cast<int32_t>(step_counter[0] + 1), params};
   switch (rewards_dtype) {
-    case lze::kF32: run_step_dtype<lze::kF32>(args, fault); break;
-    case lze::kBF16: run_step_dtype<lze::kBF16>(args, fault); break;
-    case lze::kF16: run_step_dtype<lze::kF16>(args, fault); break;
+    case lze::kF32: run_step_dtype<lze::kF32>(args, lists, fault); break;
+    case lze::kBF16: run_step_dtype<lze::kBF16>(args, lists, fault); break;
+    case lze::kF16: run_step_dtype<lze::kF16>(args, lists, fault); break;
     default: return 1;
   }
   step_counter[0] += 1;
