@@ -159,7 +159,7 @@ inline PromptUpdate next_state_of(const StepArgs& a, int64_t row) {
 
 constexpr int32_t kClaimable = -1;
 
-// Phase 1 for one row; returns its fault bits, or -1 when the row is claimable (no fault, n > 0).
+// Phase 1 for one row; returns its fault bits, or kClaimable (no fault, n > 0).
 template <int32_t kDType, bool kMasked>
 int32_t process_row(const StepArgs& a, int64_t row, int64_t G) {
   const RowView<kDType, kMasked> view{a.rewards, a.valid, row * G};
@@ -182,12 +182,17 @@ int32_t process_row(const StepArgs& a, int64_t row, int64_t G) {
 // lists[finder * threads + owner], each in batch order.
 using RowLists = std::vector<std::vector<int64_t>>;
 
-// The phase-2 thread that owns prompt `id` (the threads split [0, N) by thread_range).
-inline int owner_of(int64_t id, int64_t N, int threads) {
+// The phase-2 threads split the ids [0, N) by thread_range; ends[t] is where thread t's stop.
+std::vector<int64_t> owner_ends(int64_t N, int threads) {
+  std::vector<int64_t> ends(threads);
+  for (int t = 0; t < threads; ++t) ends[t] = lze_cpu::thread_range(N, t, threads, kLineRows).end;
+  return ends;
+}
+
+// The phase-2 thread that owns the in-range prompt `id`.
+inline int owner_of(int64_t id, const std::vector<int64_t>& ends) {
   int owner = 0;
-  while (owner + 1 < threads && id >= lze_cpu::thread_range(N, owner, threads, kLineRows).end) {
-    ++owner;
-  }
+  while (id >= ends[owner]) ++owner;
   return owner;
 }
 
@@ -197,12 +202,13 @@ inline int owner_of(int64_t id, int64_t N, int threads) {
 template <int32_t kDType, bool kMasked, int64_t kG>
 int32_t process_rows(const StepArgs& a, Range r, int threads, std::vector<int64_t>* lists) {
   const int64_t G = kG > 0 ? kG : a.G;
+  const std::vector<int64_t> ends = owner_ends(a.N, threads);
   int32_t faults = 0;
   for (int64_t row = r.begin; row < r.end; ++row) {
     prefetch_state(a, row + kPrefetchRows, Range{0, a.N});
     const int32_t fault = process_row<kDType, kMasked>(a, row, G);
     if (fault == kClaimable) {
-      lists[owner_of(a.prompt_ids[row], a.N, threads)].push_back(row);
+      lists[owner_of(a.prompt_ids[row], ends)].push_back(row);
     } else {
       faults |= fault;
     }
