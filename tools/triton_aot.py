@@ -1,0 +1,104 @@
+"""Compile every Triton kernel variant of lze_kernels for real GPUs, without a GPU.
+
+For each :class:`LaunchConfig` of ``lze_kernels.triton_kernels.aot_configs()`` and each target
+architecture, runs ``triton.compile`` down to a cubin, then the bundled ``ptxas -v`` on the PTX
+(with the flags Triton uses) to read registers and spills, and prints one JSON document:
+
+    {"triton": "3.9.0", "kernels": [{"name", "arch", "num_warps", "shared_bytes",
+      "registers", "spill_stores", "spill_loads", "stack_bytes"}, ...]}
+
+Must run without ``TRITON_INTERPRET=1`` (under the interpreter ``@triton.jit`` functions cannot
+be compiled). Usage: ``python tools/triton_aot.py [--arch 80 90] [--output FILE] [--jobs N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+_PTXAS_USAGE = re.compile(r"Used (\d+) registers")
+_PTXAS_SPILLS = re.compile(
+    r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+
+
+def _configs():
+    from lze_kernels.triton_kernels import aot_configs
+
+    return list(aot_configs())
+
+
+def compile_config(index: int, capability: int) -> dict:
+    """Compile config ``index`` for ``sm_<capability>`` and measure its resources."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    config = _configs()[index]
+    # Torch allocations are 16-byte aligned; the JIT assumes so for pointers, and so do we.
+    attrs = {(config.fn.arg_names.index(arg),): [["tt.divisibility", 16]]
+             for arg in config.pointer_args()}
+    source = ASTSource(fn=config.fn, signature=config.signature, constexprs=config.constexprs,
+                       attrs=attrs)
+    kernel = triton.compile(source, target=GPUTarget("cuda", capability, 32),
+                            options={"num_warps": config.num_warps, **config.options})
+    return {"name": config.name, "arch": f"sm_{capability}",
+            "num_warps": kernel.metadata.num_warps, "shared_bytes": kernel.metadata.shared,
+            **ptxas_resources(kernel.asm["ptx"], capability, config.options)}
+
+
+def ptxas_resources(ptx: str, capability: int, options: dict) -> dict:
+    """Registers, spills and stack of ``ptx`` from ``ptxas -v`` (Triton's own ptxas flags)."""
+    from triton.backends.nvidia.compiler import get_ptxas, sm_arch_from_capability
+
+    fmad = [] if options.get("enable_fp_fusion", True) else ["--fmad=false"]
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx_path = Path(tmp, "kernel.ptx")
+        ptx_path.write_text(ptx)
+        log = subprocess.run(
+            [get_ptxas(capability).path, "-v", *fmad, "--regAllocOptLevel=2",
+             f"--gpu-name={sm_arch_from_capability(capability)}", str(ptx_path),
+             "-o", str(Path(tmp, "kernel.cubin"))],
+            check=True, capture_output=True, text=True).stderr
+    registers = _PTXAS_USAGE.search(log)
+    spills = _PTXAS_SPILLS.search(log)
+    if registers is None or spills is None:
+        raise RuntimeError(f"unexpected ptxas -v output:\n{log}")
+    stack, spill_stores, spill_loads = map(int, spills.groups())
+    return {"registers": int(registers.group(1)), "spill_stores": spill_stores,
+            "spill_loads": spill_loads, "stack_bytes": stack}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", type=int, nargs="+", default=[80, 90],
+                        help="compute capabilities to compile for (default: 80 90)")
+    parser.add_argument("--output", type=Path, help="also write the JSON to this file")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    args = parser.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        parser.error("unset TRITON_INTERPRET: the interpreter cannot compile kernels")
+
+    import triton
+
+    tasks = [(index, arch) for index in range(len(_configs())) for arch in args.arch]
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        kernels = list(pool.map(compile_config, *zip(*tasks)))
+    report = json.dumps({"triton": triton.__version__, "kernels": kernels}, indent=1)
+    if args.output:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(report + "\n")
+    print(report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
