@@ -1,0 +1,42 @@
+// The one compatibility header of the CUDA kernel sources. Under nvcc it is the CUDA runtime;
+// under g++ (with -DLZE_CUDA_EMULATION, -std=c++20 -pthread) it is the CPU emulator
+// csrc/emu/cuda_emu.h, which runs the same sources on CPU threads for the tests.
+//
+// Rules for kernel sources, so that both builds work and agree:
+//  1. Launch through LZE_LAUNCH(kernel, grid, block, shared_bytes, stream)(args...), never
+//     with <<<...>>>.
+//  2. Declare dynamic shared memory with LZE_DYNAMIC_SHARED(type, name) at the top of the
+//     kernel (`extern __shared__` cannot be emulated). Static `__shared__` variables, in kernels
+//     and __device__ functions, are fine.
+//  3. Only the _sync warp intrinsics, with the mask of the lanes that really call them; no
+//     implicit warp-synchronous code (lanes exchanging data through shared memory need
+//     __syncwarp or __syncthreads in between).
+//  4. No spin-waits inside a block: emulated threads of a block are fibers that switch only at
+//     barriers and warp intrinsics, so a thread spinning on another thread's flag never yields.
+//     No waiting between blocks either (blocks may run one after another): use patterns such as
+//     last-block-done with an atomic counter.
+//  5. Device code uses the C math functions (sqrtf, logf, fmaxf, ...) and the atomics and bit
+//     intrinsics cuda_emu.h provides, not CUDA-only ones (min/max overloads, __fdividef, ...).
+//  6. Launches are asynchronous under CUDA and synchronous in the emulator: launchers report
+//     cudaGetLastError() right after the launch and never rely on either behaviour.
+#pragma once
+
+#ifdef __CUDACC__
+
+#include <cuda_runtime.h>
+
+#define LZE_LAUNCH(kernel, grid, block, shared_bytes, stream) \
+  kernel<<<(grid), (block), (shared_bytes), (stream)>>>
+#define LZE_DYNAMIC_SHARED(type, name)                                   \
+  extern __shared__ __align__(16) unsigned char lze_dynamic_shared_[]; \
+  type* name = reinterpret_cast<type*>(lze_dynamic_shared_)
+
+#else
+
+#include "../emu/cuda_emu.h"
+
+#define LZE_LAUNCH(kernel, grid, block, shared_bytes, stream) \
+  ::emu::Launcher((kernel), (grid), (block), (shared_bytes), (stream))
+#define LZE_DYNAMIC_SHARED(type, name) type* name = static_cast<type*>(::emu::dynamic_shared_memory())
+
+#endif
