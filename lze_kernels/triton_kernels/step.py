@@ -143,7 +143,7 @@ def _lze_step_kernel(
     momentum = tl.where(active, momentum, 0.0)
     tl.store(fstate_ptr + state_offsets, pack4(d_init, ema, p, energy), mask=row_mask)
     tl.store(istate_ptr + state_offsets,
-             pack4(seen + 1, streak, flags, tl.full(seen.shape, 0, tl.int32) + stamp),
+             pack4(seen + 1, streak, flags, tl.zeros_like(seen) + stamp),
              mask=row_mask)
 
     scaled = tl.where(norm_by_std != 0, tl.div_rn(centred, std[:, None] + eps), centred)
@@ -167,6 +167,18 @@ def _advance_step_counter(step_counter_ptr, step):
     tl.store(step_counter_ptr + 1, 0, mask=is_last)
 
 
+# Argument types as the JIT derives them at launch (Python ints below 2**31 are i32).
+_REWARD_POINTER_TYPES = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16"}
+_FIXED_ARG_TYPES = {
+    "prompt_ids_ptr": "*i64", "fstate_ptr": "*fp32", "istate_ptr": "*i32",
+    "step_counter_ptr": "*i64", "fault_ptr": "*i32", "advantages_ptr": "*fp32",
+    "pass_rate_ptr": "*fp32", "energy_ptr": "*fp32", "momentum_ptr": "*fp32",
+    "num_rows": "i32", "group_size": "i32", "num_prompts": "i32",
+    "beta": "fp32", "one_minus_beta": "fp32", "d_min": "fp32", "alpha": "fp32", "eps": "fp32",
+    "norm_by_std": "i32", "prune_after": "i32",
+}
+
+
 def gpu_tile_shape(group_size: int) -> tuple[int, int]:
     """(BLOCK_ROWS, BLOCK_G) on a GPU: a function of G only, so :func:`aot_configs` covers it."""
     block_g = triton.next_power_of_2(max(group_size, 1))
@@ -185,6 +197,9 @@ def tile_shape(num_rows: int, group_size: int) -> tuple[int, int]:
 def step(rewards, valid, prompt_ids, state: SelectorState, params: KernelParams) -> StepStats:
     """One fused launch of :func:`lze_kernels.reference.lze_step` (same outputs, same state)."""
     num_rows, group_size = rewards.shape
+    if rewards.dtype not in _REWARD_POINTER_TYPES:
+        raise ValueError(f"rewards: expected one of {list(_REWARD_POINTER_TYPES)}, "
+                         f"got {rewards.dtype}")
     if group_size > MAX_GROUP_SIZE:
         raise ValueError(f"rewards: expected at most {MAX_GROUP_SIZE} rollouts per group for the "
                          f"triton backend, got {group_size}")
@@ -209,27 +224,16 @@ def step(rewards, valid, prompt_ids, state: SelectorState, params: KernelParams)
     return StepStats(advantages, pass_rate, energy, momentum)
 
 
-_REWARD_POINTER_TYPES = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16"}
-_SCALAR_ARG_TYPES = {
-    "prompt_ids_ptr": "*i64", "fstate_ptr": "*fp32", "istate_ptr": "*i32",
-    "step_counter_ptr": "*i64", "fault_ptr": "*i32", "advantages_ptr": "*fp32",
-    "pass_rate_ptr": "*fp32", "energy_ptr": "*fp32", "momentum_ptr": "*fp32",
-    "num_rows": "i32", "group_size": "i32", "num_prompts": "i32",
-    "beta": "fp32", "one_minus_beta": "fp32", "d_min": "fp32", "alpha": "fp32", "eps": "fp32",
-    "norm_by_std": "i32", "prune_after": "i32",
-}
-
-
 def aot_configs():
     """Every variant :func:`step` can launch on a GPU: each tile shape, reward dtype and
     valid mask."""
     block_g = 1
     while block_g <= MAX_GROUP_SIZE:
         block_rows, _ = gpu_tile_shape(block_g)
-        for dtype, reward_type in _REWARD_POINTER_TYPES.items():
+        for reward_type in _REWARD_POINTER_TYPES.values():
             for has_valid in (False, True):
                 types = {"rewards_ptr": reward_type,
-                         "valid_ptr": "*u8" if has_valid else "constexpr", **_SCALAR_ARG_TYPES}
+                         "valid_ptr": "*u8" if has_valid else "constexpr", **_FIXED_ARG_TYPES}
                 constexprs = {"BLOCK_ROWS": block_rows, "BLOCK_G": block_g}
                 if not has_valid:
                     constexprs["valid_ptr"] = None

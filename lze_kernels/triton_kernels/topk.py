@@ -6,11 +6,11 @@ position, a strict total order, so candidate ranks are exactly 0..C-1). The grid
 ``max(1, cdiv(B, BLOCK_I))`` programs; program ``t`` ranks rows ``[t BLOCK_I, (t+1) BLOCK_I)``
 by sweeping all B rows in chunks of ``BLOCK_J``, one ``[BLOCK_I, BLOCK_J]`` compare tile per
 chunk, and writes ``kept_indices[rank_i] = i`` for ``rank_i < k``. Total work is ``B^2``
-compares in ``cdiv(B, BLOCK_I) * cdiv(B, BLOCK_J)`` tile steps, i.e. ``O(B^2 / BLOCK)`` per
-block dimension, spread over ``B / BLOCK_I`` programs that each take ``B / BLOCK_J`` steps. With
-noise every program also recomputes the noise of every chunk (``B^2 / BLOCK_I`` Philox draws in
-all) and first reduces max/min E over all B rows (the Gumbel scale needs them before any score
-exists). Tiles: ``[16, 256]`` with 8 warps on a GPU (16 compares per thread and step, <= ~96
+compares in ``cdiv(B, BLOCK_I) * cdiv(B, BLOCK_J) = O(B^2 / (BLOCK_I BLOCK_J))`` tile steps;
+each program takes ``cdiv(B, BLOCK_J)`` of them, so with enough SMs the latency is
+``O(B / BLOCK_J)`` steps. With noise every program also recomputes the noise of every chunk
+(``B^2 / BLOCK_I`` Philox draws in all) and first reduces max/min E over all B rows (the Gumbel
+scale needs them before any score exists). Tiles: ``[16, 256]`` with 8 warps on a GPU (16 compares per thread and step, <= ~96
 registers); in the interpreter, which pays per operation, ``[min(512, B'), min(1024, B')]``
 with ``B' = next_pow2(B)``.
 
@@ -24,6 +24,8 @@ No atomics: every output element has exactly one writer, so the result is determ
 Noise: ``u = ((bits >> 8) + 0.5) 2^-24`` with ``bits = tl.randint(seed64, row)``,
 ``seed64 = (step << 32) | seed``, so Philox key = (seed, step) as in
 ``reference.philox_4x32_10``; ``step = step_counter[0]`` is read in the kernel (no host sync).
+The bits match the reference exactly; ``log`` may differ from torch's by an ulp on a GPU, so
+noisy selections can differ from other backends only between scores within an ulp.
 """
 
 from __future__ import annotations
