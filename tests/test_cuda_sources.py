@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import re
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -96,11 +98,17 @@ class CParams(ctypes.Structure):
 
 @pytest.fixture(scope="module")
 def emu(tmp_path_factory):
+    """The emulated kernels as a ctypes library. LZE_EMU_BUILD_DIR and LZE_EMU_CXXFLAGS (e.g.
+    ``--coverage``) let tools/emu_gcov.sh build an instrumented copy in a known place."""
     if GXX is None:
         pytest.skip("g++ not found")
-    lib = tmp_path_factory.mktemp("emu") / "emu_kernels.so"
+    build_dir = os.environ.get("LZE_EMU_BUILD_DIR")
+    build_dir = Path(build_dir) if build_dir else tmp_path_factory.mktemp("emu")
+    build_dir.mkdir(parents=True, exist_ok=True)
+    lib = build_dir / "emu_kernels.so"
     cmd = [GXX, "-std=c++20", "-pthread", "-O2", "-ffp-contract=off", "-fPIC", "-shared",
            "-Wall", "-Wextra", "-Werror", "-DLZE_CUDA_EMULATION", f"-I{CSRC}",
+           *shlex.split(os.environ.get("LZE_EMU_CXXFLAGS", "")),
            str(CSRC / "emu" / "emu_kernels.cpp"), "-o", str(lib)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
