@@ -152,8 +152,14 @@ LZE_HD float uniform_from_bits(uint32_t bits) {
   return (static_cast<float>(bits >> 8) + 0.5f) * 5.9604644775390625e-08f;  // 2^-24
 }
 
-// Standard Gumbel draw -log(-log(u)).
-LZE_HD float standard_gumbel(float u) { return -logf(-logf(u)); }
+// Standard Gumbel draw -log(-log(u)), evaluated in double and rounded once to fp32. Every
+// libm's fp32 log (glibc, CUDA, SLEEF in torch, numpy) is faithfully but not correctly rounded,
+// and they disagree in the last bit on ~15% of inputs, which reorders near-tied noisy scores
+// across backends. In double, two faithful logs round to the same fp32 value except within one
+// double ulp of an fp32 rounding boundary (~2^-29 per draw).
+LZE_HD float standard_gumbel(float u) {
+  return static_cast<float>(-log(-log(static_cast<double>(u))));
+}
 
 // Exploration score s = E + c * g of a candidate (SPEC 4); c is the Gumbel scale.
 LZE_HD float noisy_score(float e, float gumbel_scale, uint32_t seed, uint32_t step, uint32_t row) {

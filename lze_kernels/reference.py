@@ -229,10 +229,13 @@ def uniform_from_bits(bits: torch.Tensor) -> torch.Tensor:
 
 
 def gumbel_noise(seed: int, step: torch.Tensor, num_rows: int, device) -> torch.Tensor:
-    """Standard Gumbel draws ``-log(-log u)`` for rows 0..num_rows-1, keyed by (seed, step)."""
+    """Standard Gumbel draws ``-log(-log u)`` for rows 0..num_rows-1, keyed by (seed, step).
+
+    The logs run in float64 and round once to fp32, so every backend's libm gives the same bits
+    (see ``standard_gumbel`` in csrc/lze_math.h)."""
     rows = torch.arange(num_rows, device=device)
-    u = uniform_from_bits(philox_4x32_10(seed, step, rows))
-    return -torch.log(-torch.log(u))
+    u = uniform_from_bits(philox_4x32_10(seed, step, rows)).double()
+    return (-torch.log(-torch.log(u))).float()
 
 
 def selection_scores(

@@ -24,8 +24,8 @@ No atomics: every output element has exactly one writer, so the result is determ
 Noise: ``u = ((bits >> 8) + 0.5) 2^-24`` with ``bits = tl.randint(seed64, row)``,
 ``seed64 = (step << 32) | seed``, so Philox key = (seed, step) as in
 ``reference.philox_4x32_10``; ``step = step_counter[0]`` is read in the kernel (no host sync).
-The bits match the reference exactly; ``log`` may differ from torch's by an ulp on a GPU, so
-noisy selections can differ from other backends only between scores within an ulp.
+The bits match the reference exactly; the two logs run in float64 and round once to fp32, as
+in ``lze_math.h``, so the noise agrees with every backend's libm (fp32 logs differ by an ulp).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def _standard_gumbel(seed64, rows):
     """``-log(-log u)`` with ``u`` in (0, 1) from the top 24 Philox bits (``lze_math.h``)."""
     bits = tl.randint(seed64, rows)
     u = ((bits >> 8).to(tl.float32) + 0.5) * _TWO_POW_MINUS_24
-    return -tl.log(-tl.log(u))
+    return (-tl.log(-tl.log(u.to(tl.float64)))).to(tl.float32)
 
 
 @triton.jit
