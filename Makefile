@@ -2,6 +2,8 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# The tool scripts (tools/*.sh) call `python`: make it the venv's.
+export PATH := $(abspath $(VENV))/bin:$(PATH)
 PIP := $(PY) -m pip --disable-pip-version-check -q
 # A bare `torch` resolves to a multi-GB CUDA build; 2.13.0 is the CPU wheel on these machines.
 TORCH ?= torch==2.13.0

@@ -10,6 +10,9 @@ module becomes one :class:`NativeBackend` with two ops, ``lze_kernels::step_<nam
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import os
+from pathlib import Path
 from typing import Optional
 
 import torch
@@ -23,11 +26,27 @@ _STATE_ARGS = ("fstate", "istate", "step_counter", "fault")
 
 
 def load_module(name: str):
-    """The compiled module ``lze_kernels.<name>``, or None when it was not built."""
+    """The compiled module ``lze_kernels.<name>``, or None when it was not built.
+
+    ``LZE_EXTENSION_DIR`` points at another build of the modules to load instead (e.g. the
+    coverage-instrumented build of tools/emu_gcov.sh)."""
+    override = os.environ.get("LZE_EXTENSION_DIR")
     try:
+        if override:
+            return _load_from(Path(override), name)
         return importlib.import_module(f"lze_kernels.{name}")
     except ImportError:
         return None
+
+
+def _load_from(directory: Path, name: str):
+    candidates = sorted(directory.glob(f"{name}.*.so")) + sorted(directory.glob(f"{name}.so"))
+    if not candidates:
+        raise ImportError(f"LZE_EXTENSION_DIR={directory} holds no {name} module")
+    spec = importlib.util.spec_from_file_location(f"lze_kernels.{name}", candidates[0])
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _no_stream(device: torch.device) -> int:

@@ -20,7 +20,10 @@ from lze_kernels.layout import KernelParams, SelectorState
 BACKENDS = [backend_param(name) for name in KERNEL_BACKENDS]
 BATCHES = (1, 7, 300, 4096, 16384, 65536)
 GROUPS = (1, 2, 3, 8, 16, 64)
-SHAPES = [(b, g) for b in BATCHES for g in GROUPS if b * g <= 1 << 20]
+# Plus shapes that hit every CUDA lane mapping: segments of W = 1..32 lanes (several rows per
+# warp), one warp per row (G > 32), and grids of one and of many blocks.
+KERNEL_EDGE_SHAPES = [(5, 3), (37, 8), (129, 5), (64, 32), (40, 33), (9, 100)]
+SHAPES = [(b, g) for b in BATCHES for g in GROUPS if b * g <= 1 << 20] + KERNEL_EDGE_SHAPES
 
 
 def clone_state(state):
@@ -131,7 +134,8 @@ def test_continuous_rewards_and_low_precision(backend_name, dtype, params):
 
 
 @pytest.mark.parametrize("backend_name", BACKENDS)
-@pytest.mark.parametrize("batch", [1, 5, 1000, 5000])
+# 128 and 129 straddle one and two blocks of the CUDA top-k; 4099 a partial last block.
+@pytest.mark.parametrize("batch", [1, 5, 128, 129, 1000, 4099])
 @pytest.mark.parametrize("noise_scale", [0.0, 0.05, 1.0])
 def test_topk_with_ties_and_zeros(backend_name, batch, noise_scale):
     skip_if_too_big(backend_name, batch)
@@ -144,6 +148,18 @@ def test_topk_with_ties_and_zeros(backend_name, batch, noise_scale):
         got = backend.topk(energy, k, noise_scale, 9, counter)
         want = reference.topk_select(energy, k, noise_scale, 9, counter[0])
         assert_selection_equal(got, want)
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+def test_empty_batch_only_advances_the_step_counter(backend_name, params):
+    state = SelectorState.empty(4, "cpu")
+    ref_state = clone_state(state)
+    empty = (torch.zeros(0, 8), None, torch.zeros(0, dtype=torch.int64))
+    got = dispatch.BACKENDS[backend_name].step(*empty, state, params)
+    reference.lze_step(*empty, ref_state, params)
+    assert got.advantages.shape == (0, 8) and got.energy.shape == (0,)
+    assert_states_equal(state, ref_state)
+    assert state.step_counter.tolist() == [1, 0]
 
 
 @pytest.mark.parametrize("backend_name", BACKENDS)
@@ -163,10 +179,13 @@ def test_faulty_rows_are_skipped_and_recorded(backend_name, params):
     rewards[2, 1] = float("nan")
     rewards[3, 0] = 1.5
     rewards[4, 3] = float("inf")
+    rewards[6, 2] = float("nan")  # masked out: padding may hold anything, no fault
+    valid = torch.ones(8, 4, dtype=torch.bool)
+    valid[6, 2] = False
     ids = torch.tensor([0, 1_000_000, 2, 3, 4, -7, 6, 7])
     state = SelectorState.empty(num_prompts, "cpu")
     (got, _, state), (want, _, ref_state) = run_both(
-        backend_name, rewards, None, ids, state, params, 3
+        backend_name, rewards, valid, ids, state, params, 3
     )
     assert_stats_equal(got, want)
     assert_states_equal(state, ref_state)
