@@ -234,3 +234,15 @@ def test_property_random_configs(backend_name, data):
         assert_stats_equal(got, want)
         assert_selection_equal(got_sel, want_sel)
         assert_states_equal(state, ref_state)
+
+
+@pytest.mark.parametrize("backend_name", [backend_param("triton")])
+def test_triton_rejects_what_it_cannot_compile(backend_name, params):
+    """The Triton wrappers name the argument: fp64 rewards, and G beyond its largest tile."""
+    backend = dispatch.BACKENDS[backend_name]
+    state = SelectorState.empty(4, "cpu")
+    with pytest.raises(ValueError, match="rewards: expected one of"):
+        backend.step(torch.zeros(2, 4, dtype=torch.float64), None, torch.arange(2), state, params)
+    with pytest.raises(ValueError, match="rollouts per group"):
+        backend.step(torch.zeros(1, 4097), None, torch.arange(1), state, params)
+    assert state.step_counter.tolist() == [0, 0]
