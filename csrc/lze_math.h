@@ -152,13 +152,56 @@ LZE_HD float uniform_from_bits(uint32_t bits) {
   return (static_cast<float>(bits >> 8) + 0.5f) * 5.9604644775390625e-08f;  // 2^-24
 }
 
+// Natural log of a finite double that is +-0 (-inf) or positive and normal (no checks: NaN,
+// negative and subnormal inputs give garbage), within 1 ulp: fdlibm's e_log.c algorithm as straight-line
+// arithmetic, so that a loop over it vectorises (a libm call does not) and CUDA and the CPU
+// evaluate the same expression tree. x = 2^k m with m in [sqrt(1/2), sqrt(2)); with f = m - 1
+// (exact) and s = f / (2 + f), log m = f - f^2/2 + s (f^2/2 + R(s^2)), R the minimax
+// polynomial of fdlibm (error < 2^-58.45 for |s| <= 0.1716), and k ln2 split hi/lo so k ln2_hi
+// is exact.
+LZE_HD double log_nonnegative(double x) {
+  union { double d; uint64_t u; } v;
+  v.d = x;
+  // Adding 1 - sqrt(1/2) to the significand carries into the exponent exactly when m >= sqrt(2)
+  // would hold for the unbiased mantissa, so the biased exponent field is that of 2^k.
+  constexpr uint64_t kOneMinusSqrtHalf = 0x3ff0000000000000ull - 0x3fe6a09e667f3bcdull;
+  const uint64_t biased_k = (v.u + kOneMinusSqrtHalf) >> 52;
+  v.u -= (biased_k - 1023) << 52;  // unsigned wrap-around: m = x / 2^k
+  const double f = v.d - 1.0;
+  // double(k) without an int64 -> double conversion (AVX-512 only): 2^52 + biased_k has
+  // biased_k in its low significand bits.
+  union { uint64_t u; double d; } kd;
+  kd.u = 0x4330000000000000ull | biased_k;
+  const double k = kd.d - (4503599627370496.0 + 1023.0);  // 2^52 + bias
+  constexpr double kLn2Hi = 6.93147180369123816490e-01;  // 0x3fe62e42fee00000
+  constexpr double kLn2Lo = 1.90821492927058770002e-10;  // 0x3dea39ef35793c76
+  constexpr double kLg1 = 6.666666666666735130e-01, kLg2 = 3.999999999940941908e-01,
+                   kLg3 = 2.857142874366239149e-01, kLg4 = 2.222219843214978396e-01,
+                   kLg5 = 1.818357216161805012e-01, kLg6 = 1.531383769920937332e-01,
+                   kLg7 = 1.479819860511658591e-01;
+  const double s = f / (2.0 + f);
+  const double z = s * s;
+  const double w = z * z;
+  const double r = z * (kLg1 + w * (kLg3 + w * (kLg5 + w * kLg7))) +
+                   w * (kLg2 + w * (kLg4 + w * kLg6));
+  const double half_f_sq = 0.5 * f * f;
+  const double log_x = k * kLn2Hi - ((half_f_sq - (s * (half_f_sq + r) + k * kLn2Lo)) - f);
+  // At x = +-0 the bits above give a finite value (k = -1023 or 1025, m = 1); adding -inf
+  // rather than selecting it keeps the select between constants, which g++ vectorises (it will
+  // not if-convert a select that guards the division under the default -ftrapping-math).
+  return log_x + (x == 0.0 ? -static_cast<double>(INFINITY) : 0.0);
+}
+
 // Standard Gumbel draw -log(-log(u)), evaluated in double and rounded once to fp32. Every
 // libm's fp32 log (glibc, CUDA, SLEEF in torch, numpy) is faithfully but not correctly rounded,
 // and they disagree in the last bit on ~15% of inputs, which reorders near-tied noisy scores
 // across backends. In double, two faithful logs round to the same fp32 value except within one
-// double ulp of an fp32 rounding boundary (~2^-29 per draw).
+// double ulp of an fp32 rounding boundary (~2^-29 per draw), or near u = 1/e, where the outer
+// log is near 0 and its fp32 rounding can hinge on the inner log's last bit (one draw in 2^24
+// differs from torch's: tests/test_gumbel_exhaustive.py checks all of them). The inner log's argument u is in (0, 1]: the largest
+// uniform_from_bits rounds to 1, whose draw is +inf, as in the reference.
 LZE_HD float standard_gumbel(float u) {
-  return static_cast<float>(-log(-log(static_cast<double>(u))));
+  return static_cast<float>(-log_nonnegative(-log_nonnegative(static_cast<double>(u))));
 }
 
 // Exploration score s = E + c * g of a candidate (SPEC 4); c is the Gumbel scale.

@@ -41,32 +41,32 @@ CandidateExtent candidate_extent(const float* energy, int64_t B) {
   return CandidateExtent{hi, lo, count};
 }
 
-// First Philox words of rows [first_row, first_row + n). Cloned per ISA: the 32x32->64-bit
-// multiplies vectorise well with AVX2/AVX-512, and integer results do not depend on the clone.
-__attribute__((target_clones("avx512f", "avx2", "default"))) void philox_draws(
-    uint32_t seed, uint32_t step, int64_t first_row, int64_t n, uint32_t* bits) {
+// Standard Gumbel draws of rows [first_row, first_row + n), n <= kNoiseBlock. Cloned per ISA:
+// Philox's 32x32->64-bit multiplies and lze::log_nonnegative vectorise well with AVX2/AVX-512,
+// and the clones round alike (IEEE +-*/ only, no FMA contraction), so the draws do not depend
+// on the clone the CPU picks.
+__attribute__((target_clones("avx512f", "avx2", "default"))) void gumbel_draws(
+    uint32_t seed, uint32_t step, int64_t first_row, int64_t n, float* draws) {
+  uint32_t bits[kNoiseBlock];
   for (int64_t j = 0; j < n; ++j) {
     bits[j] = lze::philox_4x32_10(seed, step, static_cast<uint32_t>(first_row + j));
   }
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) draws[j] = lze::standard_gumbel(lze::uniform_from_bits(bits[j]));
 }
 
 // Selection keys of rows [first_row, first_row + n): 0 for non-candidates (below every
-// candidate key). The score is lze::noisy_score with its Philox draw hoisted into
-// philox_draws(), since the draws vectorise and logf does not.
+// candidate key). The score is lze::noisy_score with its draw hoisted into gumbel_draws(), which
+// draws for every row so that its loops stay branch-free (and vectorise).
 void block_keys(const float* energy, float scale, uint32_t seed, uint32_t step,
                 int64_t first_row, int64_t n, uint64_t* keys) {
-  uint32_t bits[kNoiseBlock];
-  if (scale != 0.0f) philox_draws(seed, step, first_row, n, bits);
+  float draws[kNoiseBlock];
+  if (scale != 0.0f) gumbel_draws(seed, step, first_row, n, draws);
   for (int64_t j = 0; j < n; ++j) {
     const int64_t row = first_row + j;
     const float e = energy[row];
-    if (!(e > 0.0f)) {
-      keys[row] = 0;
-      continue;
-    }
-    const float score =
-        scale != 0.0f ? e + scale * lze::standard_gumbel(lze::uniform_from_bits(bits[j])) : e;
-    keys[row] = lze::selection_key(score, row);
+    const float score = scale != 0.0f ? e + scale * draws[j] : e;
+    keys[row] = e > 0.0f ? lze::selection_key(score, row) : 0;
   }
 }
 
