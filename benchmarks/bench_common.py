@@ -1,0 +1,95 @@
+"""What every benchmark here shares: fresh inputs per round and the timing loop.
+
+Each round gets fresh binary rewards and fresh distinct ids, made outside the timed region from a
+seed that depends only on (B, G), so every variant sees the same sequence of inputs. On a GPU the
+timed call ends with a device sync, and the median CUDA-event time and the number of device
+kernels of one call are recorded as well.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+PROMPTS_PER_ROW = 4  # N = 4 B
+SECONDS_PER_CASE = 1.0
+MIN_ROUNDS, MAX_ROUNDS = 3, 200
+
+
+class RoundInputs:
+    """pytest-benchmark ``setup``: fresh (rewards [B, G], prompt_ids [B]) for each round."""
+
+    def __init__(self, batch: int, group: int, device: torch.device):
+        self.batch, self.group, self.device = batch, group, device
+        self.num_prompts = PROMPTS_PER_ROW * batch
+        self.generator = torch.Generator().manual_seed(batch * 1000 + group)
+
+    def __call__(self):
+        g = self.generator
+        p_correct = torch.rand(self.batch, 1, generator=g)
+        rewards = (torch.rand(self.batch, self.group, generator=g) < p_correct).float()
+        ids = torch.randperm(self.num_prompts, generator=g)[: self.batch]
+        return (rewards.to(self.device), ids.to(self.device)), {}
+
+
+def run_benchmark(benchmark, step, inputs, device: torch.device, **info) -> None:
+    """Warm ``step`` up (this compiles what is compiled), pick the number of rounds from one
+    timed call, then time it on fresh ``inputs()`` each round; ``info`` goes to extra_info."""
+    step = _synchronized(step, device)
+    _seconds_of_one_call(step, inputs)
+    rounds = _rounds(_seconds_of_one_call(step, inputs))
+    benchmark.extra_info.update(info, device=device.type)
+    if device.type == "cuda":
+        benchmark.extra_info["device_median_s"] = _cuda_event_seconds(step, inputs, rounds)
+        benchmark.extra_info["kernel_launches"] = _kernel_launches(step, inputs)
+    benchmark.pedantic(step, setup=inputs, rounds=rounds, iterations=1)
+
+
+def _synchronized(step, device: torch.device):
+    if device.type != "cuda":
+        return step
+
+    def synced(*args):
+        out = step(*args)
+        torch.cuda.synchronize(device)
+        return out
+
+    return synced
+
+
+def _seconds_of_one_call(step, inputs) -> float:
+    args, _ = inputs()
+    start = time.perf_counter()
+    step(*args)
+    return time.perf_counter() - start
+
+
+def _rounds(seconds_per_call: float) -> int:
+    return int(min(MAX_ROUNDS, max(MIN_ROUNDS, SECONDS_PER_CASE / seconds_per_call)))
+
+
+def _cuda_event_seconds(step, inputs, rounds: int) -> float:
+    """Median device time of one call (CUDA events), fresh inputs each round."""
+    times = []
+    for _ in range(rounds):
+        args, _ = inputs()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        step(*args)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
+def _kernel_launches(step, inputs) -> int:
+    """Device kernels (and copies/memsets) of one call, counted by torch.profiler."""
+    args, _ = inputs()
+    torch.cuda.synchronize()
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        step(*args)
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)

@@ -1,0 +1,87 @@
+"""One full LZE selection step, per (B, G) and per variant (what is compared: README.md).
+
+The unit timed is ``LZESelector.step(rewards, prompt_ids, check_inputs=False)``: the fused
+statistics/energy/state update and the noisy top-k, on a persistent selector of N = 4 B prompts.
+Inputs and timing: bench_common.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from baselines import PythonLoopSelector
+from bench_common import RoundInputs, run_benchmark
+
+from lze_kernels import LZEConfig, LZESelector
+
+BATCHES = (512, 2048, 8192, 16384, 65536)
+GROUPS = (8, 16, 64)
+VARIANTS = ("fused", "torch_eager", "torch_compile", "python_loop", "floor")
+# The Python loop costs ~25 us per sequence; 2^18 sequences keeps B=16384, G=16 (a target).
+LOOP_MAX_SEQUENCES = 2**18
+STATE_ROW_BYTES = 32  # fstate + istate row of one prompt (lze_kernels.layout)
+
+
+def _cases():
+    for batch in BATCHES:
+        for group in GROUPS:
+            for variant in VARIANTS:
+                too_slow = variant == "python_loop" and batch * group > LOOP_MAX_SEQUENCES
+                marks = pytest.mark.skip(reason=f"python_loop capped at B*G <= "
+                                                f"{LOOP_MAX_SEQUENCES}") if too_slow else ()
+                yield pytest.param(batch, group, variant, marks=marks,
+                                   id=f"B{batch}-G{group}-{variant}")
+
+
+def _unchecked(step):
+    def unchecked_step(rewards, prompt_ids):
+        return step(rewards, prompt_ids, check_inputs=False)
+
+    return unchecked_step
+
+
+def _selector_step(num_prompts, device, backend):
+    selector = LZESelector(num_prompts, device=device, backend=backend)
+    return _unchecked(selector.step), selector.backend
+
+
+def _compiled_step(num_prompts, device):
+    """torch.compile of the torch-backend step, static shapes: one graph per (B, G). The bound
+    method is what is compiled: a compiled ``functools.partial`` of it ran ~100x slower per
+    call here (torch 2.13)."""
+    torch._dynamo.reset()  # a fresh cache per case: no recompile limit across the grid
+    selector = LZESelector(num_prompts, device=device, backend="torch")
+    compiled = torch.compile(selector.step, fullgraph=True, dynamic=False)
+    return _unchecked(compiled), f"{selector.backend}+compile"
+
+
+def _floor(rewards, prompt_ids):
+    return rewards.sum(dim=1)
+
+
+BUILDERS = {
+    "fused": lambda n, device: _selector_step(n, device, "auto"),
+    "torch_eager": lambda n, device: _selector_step(n, device, "torch"),
+    "torch_compile": _compiled_step,
+    "python_loop": lambda n, device: (PythonLoopSelector().step, "python"),
+    "floor": lambda n, device: (_floor, "torch"),
+}
+
+
+def bytes_moved(variant: str, batch: int, group: int) -> int:
+    """Bytes a step must read and write at least: rewards in and advantages out, the id and
+    the state row of each prompt (read and written), the per-row outputs and the kept indices.
+    The floor reads the rewards and writes one sum per row."""
+    if variant == "floor":
+        return 4 * batch * group + 4 * batch
+    per_row = 8 + 2 * STATE_ROW_BYTES + 3 * 4 + 1  # id, state in/out, p/E/m, keep_mask
+    return 2 * 4 * batch * group + per_row * batch + 8 * LZEConfig().num_keep(batch)
+
+
+@pytest.mark.parametrize("batch, group, variant", _cases())
+def test_step(benchmark, device, batch, group, variant):
+    inputs = RoundInputs(batch, group, device)
+    step, backend = BUILDERS[variant](inputs.num_prompts, device)
+    benchmark.group = f"B={batch} G={group}"
+    run_benchmark(benchmark, step, inputs, device, B=batch, G=group, variant=variant,
+                  backend=backend, bytes=bytes_moved(variant, batch, group))
