@@ -3,8 +3,8 @@
 // optional Gumbel noise, ordered by lze::selection_key (unique, so the result is the reference's
 // stable descending sort: ties go to the smaller batch position).
 //
-// Ordering: the candidates are sorted by a radix sort rather than a comparison sort (std::sort
-// of 26k keys costs about a millisecond here). Sorting the complemented keys ascending is
+// Ordering: a radix select on the top 16 score bits keeps the candidates that can be among the
+// k best, and a radix sort orders them (std::sort of 26k keys costs about a millisecond here). Sorting the complemented keys ascending is
 // sorting the keys descending; the low word of a complemented key is the row, and the
 // candidates start in row order, so stable passes over the 32 score bits alone suffice.
 #include <algorithm>
@@ -96,6 +96,30 @@ inline uint32_t digit(uint64_t key, int pass) {
   return static_cast<uint32_t>(key >> kDigitShift[pass]) & (kBuckets - 1);
 }
 
+// Radix select: moves to the front of keys[0, n), in order, every key whose top 16 bits are at
+// most those of the kept-th smallest key, and returns how many (>= kept): the kept smallest
+// keys plus the kept-th's ties in those bits, which are all that need sorting. 16 bits (sign,
+// exponent and 7 significand bits of the score) keep those ties few; 8 to 11 bits would be
+// little more than the exponent, which most candidates share. The filter is branch-free: its
+// condition is a coin flip for the branch predictor.
+int64_t select_smallest(uint64_t* keys, int64_t n, int64_t kept) {
+  constexpr int kSelectBits = 16, kShift = 64 - kSelectBits;
+  // Kept across calls (256 KiB, refilled with zeros each time).
+  thread_local std::vector<int32_t> counts;
+  counts.assign(size_t{1} << kSelectBits, 0);
+  for (int64_t j = 0; j < n; ++j) ++counts[keys[j] >> kShift];
+  uint64_t limit = 0;  // the kept-th smallest key's bucket
+  int64_t below = 0;   // keys in the buckets before `limit`
+  while (below + counts[limit] < kept) below += counts[limit++];
+  int64_t m = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    const uint64_t key = keys[j];
+    keys[m] = key;
+    m += (key >> kShift) <= limit;
+  }
+  return m;
+}
+
 // Stable LSD radix sort of `n` complemented keys (see the top of the file); `keys` and `spare`
 // swap roles per pass, and the sorted keys end in the returned buffer.
 uint64_t* radix_sort_scores(uint64_t* keys, uint64_t* spare, int64_t n) {
@@ -141,8 +165,9 @@ extern "C" int lze_topk_cpu(const float* energy, int64_t B, int64_t k, float noi
   spare.resize(B);
   selection_keys(energy, B, scale, seed, static_cast<uint32_t>(step_counter[0]), keys.data());
   const int64_t n = gather_candidates(keys.data(), B, spare.data());
+  const int64_t m = select_smallest(spare.data(), n, kept);
   // keys[] is free again: it is the second sort buffer.
-  const uint64_t* sorted = radix_sort_scores(spare.data(), keys.data(), n);
+  const uint64_t* sorted = radix_sort_scores(spare.data(), keys.data(), m);
   for (int64_t j = 0; j < kept; ++j) {
     const int64_t row = static_cast<uint32_t>(sorted[j]);  // low word of a complemented key
     kept_indices[j] = row;
