@@ -153,12 +153,12 @@ LZE_HD float uniform_from_bits(uint32_t bits) {
 }
 
 // Natural log of a finite double that is +-0 (-inf) or positive and normal (no checks: NaN,
-// negative and subnormal inputs give garbage), within 1 ulp: fdlibm's e_log.c algorithm as straight-line
-// arithmetic, so that a loop over it vectorises (a libm call does not) and CUDA and the CPU
-// evaluate the same expression tree. x = 2^k m with m in [sqrt(1/2), sqrt(2)); with f = m - 1
-// (exact) and s = f / (2 + f), log m = f - f^2/2 + s (f^2/2 + R(s^2)), R the minimax
-// polynomial of fdlibm (error < 2^-58.45 for |s| <= 0.1716), and k ln2 split hi/lo so k ln2_hi
-// is exact.
+// negative and subnormal inputs give garbage), within 1 ulp: fdlibm's e_log.c algorithm as
+// straight-line arithmetic, so that a loop over it vectorises (a libm call does not) and CUDA
+// and the CPU evaluate the same expression tree. x = 2^k m with m in [sqrt(1/2), sqrt(2));
+// with f = m - 1 (exact) and s = f / (2 + f), log m = f - f^2/2 + s (f^2/2 + R(s^2)), R the
+// minimax polynomial of fdlibm (error < 2^-58.45 for |s| <= 0.1716), and k ln2 split hi/lo so
+// k ln2_hi is exact.
 LZE_HD double log_nonnegative(double x) {
   union { double d; uint64_t u; } v;
   v.d = x;
@@ -198,8 +198,9 @@ LZE_HD double log_nonnegative(double x) {
 // across backends. In double, two faithful logs round to the same fp32 value except within one
 // double ulp of an fp32 rounding boundary (~2^-29 per draw), or near u = 1/e, where the outer
 // log is near 0 and its fp32 rounding can hinge on the inner log's last bit (one draw in 2^24
-// differs from torch's: tests/test_gumbel_exhaustive.py checks all of them). The inner log's argument u is in (0, 1]: the largest
-// uniform_from_bits rounds to 1, whose draw is +inf, as in the reference.
+// differs from torch's: tests/test_gumbel_exhaustive.py checks all of them). The inner log's
+// argument u is in (0, 1]: the largest uniform_from_bits rounds to 1, whose draw is +inf, as in
+// the reference.
 LZE_HD float standard_gumbel(float u) {
   return static_cast<float>(-log_nonnegative(-log_nonnegative(static_cast<double>(u))));
 }

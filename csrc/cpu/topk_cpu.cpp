@@ -4,9 +4,10 @@
 // stable descending sort: ties go to the smaller batch position).
 //
 // Ordering: a radix select on the top 16 score bits keeps the candidates that can be among the
-// k best, and a radix sort orders them (std::sort of 26k keys costs about a millisecond here). Sorting the complemented keys ascending is
-// sorting the keys descending; the low word of a complemented key is the row, and the
-// candidates start in row order, so stable passes over the 32 score bits alone suffice.
+// k best, and a radix sort orders them (std::sort of 26k keys costs about a millisecond here).
+// Sorting the complemented keys ascending is sorting the keys descending; the low word of a
+// complemented key is the row, and the candidates start in row order, so stable passes over
+// the 32 score bits alone suffice.
 #include <algorithm>
 #include <limits>
 #include <vector>
