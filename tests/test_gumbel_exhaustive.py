@@ -21,6 +21,7 @@ PROGRAM = r"""
 #include "lze_math.h"
 int main() {
   std::vector<float> draws(1u << 24);
+#pragma omp simd
   for (uint32_t b = 0; b < (1u << 24); ++b) {
     draws[b] = lze::standard_gumbel(lze::uniform_from_bits(b << 8));
   }
@@ -28,26 +29,52 @@ int main() {
 }
 """
 
+
+def _cpu_flags() -> set:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    return set(next((line.split(":", 1)[1].split() for line in text.splitlines()
+                     if line.startswith("flags")), []))
+
+
+# Scalar code, and the loop vectorised as the CPU top-k's clones are: every build must give the
+# same bits (IEEE + - * / only, no FMA contraction).
+ISA_FLAGS = [
+    pytest.param(["-O2"], id="scalar"),
+    pytest.param(["-O3", "-fopenmp-simd"], id="simd-baseline"),
+    pytest.param(["-O3", "-fopenmp-simd", "-mavx2"], id="simd-avx2",
+                 marks=pytest.mark.skipif("avx2" not in _cpu_flags(), reason="needs AVX2")),
+    pytest.param(["-O3", "-fopenmp-simd", "-mavx512f"], id="simd-avx512",
+                 marks=pytest.mark.skipif("avx512f" not in _cpu_flags(), reason="needs AVX-512")),
+]
+
 # Draws near u = 1/e whose fp32 rounding depends on the last bit of the inner float64 log, where
 # a 1-ulp log (ours, CUDA's) and torch's may differ; everywhere else the bits must agree.
 MAX_MISMATCHES = 4
 
 
+@pytest.fixture(scope="module")
+def expected():
+    bits = torch.arange(1 << 24, dtype=torch.int64) << 8
+    u = reference.uniform_from_bits(bits).double()
+    return (-torch.log(-torch.log(u))).float().numpy().view(np.uint32)
+
+
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
-def test_standard_gumbel_matches_reference_on_every_draw(tmp_path):
+@pytest.mark.parametrize("flags", ISA_FLAGS)
+def test_standard_gumbel_matches_reference_on_every_draw(tmp_path, flags, expected):
     source = tmp_path / "gumbel.cpp"
     source.write_text(PROGRAM)
     binary = tmp_path / "gumbel"
     # The flags of the kernels' build: no FMA contraction, so the expression tree is the CUDA one.
     subprocess.run(
-        ["g++", "-O2", "-ffp-contract=off", f"-I{CSRC}", str(source), "-o", str(binary)],
+        ["g++", *flags, "-ffp-contract=off", f"-I{CSRC}", str(source), "-o", str(binary)],
         check=True,
     )
     ours = np.frombuffer(subprocess.run([str(binary)], capture_output=True, check=True).stdout,
                          dtype=np.uint32)
-    bits = torch.arange(1 << 24, dtype=torch.int64) << 8
-    u = reference.uniform_from_bits(bits).double()
-    expected = (-torch.log(-torch.log(u))).float().numpy().view(np.uint32)
     assert ours.shape == expected.shape
     mismatches = np.flatnonzero(ours != expected)
     assert len(mismatches) <= MAX_MISMATCHES, f"{len(mismatches)} draws differ: {mismatches[:20]}"
