@@ -147,13 +147,15 @@ LZE_HD uint32_t philox_4x32_10(uint32_t key0, uint32_t key1, uint32_t c0) {
   return c0;
 }
 
-// Uniform in the open interval (0, 1): the top 24 bits plus one half, exact in fp32.
+// Uniform in [2^-24, 1 - 2^-24], strictly inside (0, 1): the top 23 bits plus one half, exact
+// in fp32 (b + 1/2 < 2^23 needs 24 significant bits; with 24 bits the largest value would round
+// to 1 and its Gumbel draw to +inf).
 LZE_HD float uniform_from_bits(uint32_t bits) {
-  return (static_cast<float>(bits >> 8) + 0.5f) * 5.9604644775390625e-08f;  // 2^-24
+  return (static_cast<float>(bits >> 9) + 0.5f) * 1.1920928955078125e-07f;  // 2^-23
 }
 
-// Natural log of a finite double that is +-0 (-inf) or positive and normal (no checks: NaN,
-// negative and subnormal inputs give garbage), within 1 ulp: fdlibm's e_log.c algorithm as
+// Natural log of a positive normal double (no checks: zero, NaN, negative and subnormal inputs
+// give garbage), within 1 ulp: fdlibm's e_log.c algorithm as
 // straight-line arithmetic, so that a loop over it vectorises (a libm call does not) and CUDA
 // and the CPU evaluate the same expression tree. x = 2^k m with m in [sqrt(1/2), sqrt(2));
 // with f = m - 1 (exact) and s = f / (2 + f), log m = f - f^2/2 + s (f^2/2 + R(s^2)), R the
@@ -185,11 +187,7 @@ LZE_HD double log_nonnegative(double x) {
   const double r = z * (kLg1 + w * (kLg3 + w * (kLg5 + w * kLg7))) +
                    w * (kLg2 + w * (kLg4 + w * kLg6));
   const double half_f_sq = 0.5 * f * f;
-  const double log_x = k * kLn2Hi - ((half_f_sq - (s * (half_f_sq + r) + k * kLn2Lo)) - f);
-  // At x = +-0 the bits above give a finite value (k = -1023 or 1025, m = 1); adding -inf
-  // rather than selecting it keeps the select between constants, which g++ vectorises (it will
-  // not if-convert a select that guards the division under the default -ftrapping-math).
-  return log_x + (x == 0.0 ? -static_cast<double>(INFINITY) : 0.0);
+  return k * kLn2Hi - ((half_f_sq - (s * (half_f_sq + r) + k * kLn2Lo)) - f);
 }
 
 // Standard Gumbel draw -log(-log(u)), evaluated in double and rounded once to fp32. Every
@@ -197,10 +195,9 @@ LZE_HD double log_nonnegative(double x) {
 // and they disagree in the last bit on ~15% of inputs, which reorders near-tied noisy scores
 // across backends. In double, two faithful logs round to the same fp32 value except within one
 // double ulp of an fp32 rounding boundary (~2^-29 per draw), or near u = 1/e, where the outer
-// log is near 0 and its fp32 rounding can hinge on the inner log's last bit (one draw in 2^24
-// differs from torch's: tests/test_gumbel_exhaustive.py checks all of them). The inner log's
-// argument u is in (0, 1]: the largest uniform_from_bits rounds to 1, whose draw is +inf, as in
-// the reference.
+// log is near 0 and its fp32 rounding can hinge on the inner log's last bit
+// (tests/test_gumbel_exhaustive.py compares all 2^23 draws with the reference). Both logs see
+// arguments in [1e-7, 17]: positive and normal.
 LZE_HD float standard_gumbel(float u) {
   return static_cast<float>(-log_nonnegative(-log_nonnegative(static_cast<double>(u))));
 }

@@ -224,18 +224,21 @@ def _mul32(constant: int, x: torch.Tensor):
 
 
 def uniform_from_bits(bits: torch.Tensor) -> torch.Tensor:
-    """Uniform in the open interval (0, 1): the top 24 bits plus one half, exact in fp32."""
-    return ((bits >> 8).to(torch.float32) + 0.5) * 2.0**-24
+    """Uniform in [2^-24, 1 - 2^-24]: the top 23 bits plus one half, exact in fp32 (with 24 bits
+    the largest value would round to 1)."""
+    return ((bits >> 9).to(torch.float32) + 0.5) * 2.0**-23
+
+
+def standard_gumbel(u: torch.Tensor) -> torch.Tensor:
+    """``-log(-log u)`` in float64, rounded once to fp32, so every backend's faithful libm log
+    gives the same bits (see ``standard_gumbel`` in csrc/lze_math.h)."""
+    return (-torch.log(-torch.log(u.double()))).float()
 
 
 def gumbel_noise(seed: int, step: torch.Tensor, num_rows: int, device) -> torch.Tensor:
-    """Standard Gumbel draws ``-log(-log u)`` for rows 0..num_rows-1, keyed by (seed, step).
-
-    The logs run in float64 and round once to fp32, so every backend's libm gives the same bits
-    (see ``standard_gumbel`` in csrc/lze_math.h)."""
+    """Standard Gumbel draws for rows 0..num_rows-1, keyed by (seed, step)."""
     rows = torch.arange(num_rows, device=device)
-    u = uniform_from_bits(philox_4x32_10(seed, step, rows)).double()
-    return (-torch.log(-torch.log(u))).float()
+    return standard_gumbel(uniform_from_bits(philox_4x32_10(seed, step, rows)))
 
 
 def selection_scores(

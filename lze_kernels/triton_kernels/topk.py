@@ -21,7 +21,7 @@ leave the GPU idle for large B. Counting ranks is embarrassingly parallel and al
 exact position of each kept row, which ``kept_indices`` (descending score order) requires.
 No atomics: every output element has exactly one writer, so the result is deterministic.
 
-Noise: ``u = ((bits >> 8) + 0.5) 2^-24`` with ``bits = tl.randint(seed64, row)``,
+Noise: ``u = ((bits >> 9) + 0.5) 2^-23`` with ``bits = tl.randint(seed64, row)``,
 ``seed64 = (step << 32) | seed``, so Philox key = (seed, step) as in
 ``reference.philox_4x32_10``; ``step = step_counter[0]`` is read in the kernel (no host sync).
 The bits match the reference exactly; the two logs run in float64 and round once to fp32, as
@@ -40,7 +40,7 @@ from ._launch import LaunchConfig, interpreting
 GPU_BLOCK_I, GPU_BLOCK_J = 16, 256
 INTERPRETER_BLOCK_I, INTERPRETER_BLOCK_J = 512, 1024
 NUM_WARPS = 8
-_TWO_POW_MINUS_24 = tl.constexpr(5.9604644775390625e-08)
+_TWO_POW_MINUS_23 = tl.constexpr(1.1920928955078125e-07)
 
 
 @triton.jit
@@ -58,9 +58,9 @@ def _candidate_spread(energy_ptr, num_rows, BLOCK_J: tl.constexpr):
 
 @triton.jit
 def _standard_gumbel(seed64, rows):
-    """``-log(-log u)`` with ``u`` in (0, 1) from the top 24 Philox bits (``lze_math.h``)."""
+    """``-log(-log u)`` with ``u`` in (0, 1) from the top 23 Philox bits (``lze_math.h``)."""
     bits = tl.randint(seed64, rows)
-    u = ((bits >> 8).to(tl.float32) + 0.5) * _TWO_POW_MINUS_24
+    u = ((bits >> 9).to(tl.float32) + 0.5) * _TWO_POW_MINUS_23
     return (-tl.log(-tl.log(u.to(tl.float64)))).to(tl.float32)
 
 
