@@ -127,6 +127,32 @@ LZE_HD float ema_update(float ema, float p, const Params& prm) {
   return prm.beta * ema + prm.one_minus_beta * p;
 }
 
+// One prompt's state: its fstate row then its istate row, field order as the enums above.
+struct PromptState {
+  float d_init, ema, last_pass_rate, last_energy;
+  int32_t seen, solved_streak, flags, claim;
+};
+
+// A prompt's state after a step, and the momentum its energy (next.last_energy) used.
+struct PromptStep {
+  PromptState next;
+  float momentum;
+};
+
+// SPEC 3 and 5 for a prompt that scored pass rate p in the step stamped `stamp`: anchor on first
+// sight, momentum against the EMA before the update, energy, EMA, solved streak and pruning.
+LZE_HD PromptStep advance_prompt(const PromptState& s, float p, int32_t stamp, const Params& prm) {
+  const bool first_sight = s.seen == 0;
+  const float d_init = first_sight ? anchor_difficulty(p, prm) : s.d_init;
+  const float m = first_sight ? 0.0f : momentum(p, s.ema);
+  const float e = energy(d_init, uncertainty(p), m, prm);
+  const float ema = first_sight ? p : ema_update(s.ema, p, prm);
+  const int32_t streak = p >= kSolvedThreshold ? s.solved_streak + 1 : 0;
+  // Writing the flags whole clears the replay bit and un-prunes a replay that failed.
+  const int32_t flags = streak >= prm.prune_after ? kFlagPruned : 0;
+  return PromptStep{{d_init, ema, p, e, s.seen + 1, streak, flags, stamp}, m};
+}
+
 // Philox-4x32-10 (Salmon et al., SC'11), first output word, with the constants and round
 // structure of triton.language.random, so tl.randint(seed, offset) and this agree bit for bit.
 LZE_HD uint32_t mulhi32(uint32_t a, uint32_t b) {

@@ -11,6 +11,7 @@
 //     threads writing the same state row.
 // Duplicates are rare (a caller bug), so their outputs are zeroed afterwards.
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "cpu/parallel.h"
@@ -29,13 +30,6 @@ struct RowStats {
   float mean;
   float std;
   int32_t fault;  // reward fault bits of the row (ids are checked separately)
-};
-
-// Everything the step writes for one prompt, computed from its state before the step.
-struct PromptUpdate {
-  float fstate[lze::kNumFloatFields];
-  int32_t istate[lze::kNumIntFields];
-  float momentum;
 };
 
 struct StepArgs {
@@ -123,21 +117,6 @@ inline void zero_row(const StepArgs& a, int64_t row) {
   a.momentum[row] = 0.0f;
 }
 
-// SPEC 3 and 5 for one prompt with pass rate p, from its state rows before the step.
-PromptUpdate next_state(float p, const float* fs, const int32_t* is, int32_t stamp,
-                        const lze::Params& prm) {
-  const bool first_sight = is[lze::kSeen] == 0;
-  const float ema_before = fs[lze::kEma];
-  const float d_init = first_sight ? lze::anchor_difficulty(p, prm) : fs[lze::kDInit];
-  const float m = first_sight ? 0.0f : lze::momentum(p, ema_before);
-  const float e = lze::energy(d_init, lze::uncertainty(p), m, prm);
-  const float ema = first_sight ? p : lze::ema_update(ema_before, p, prm);
-  const int32_t streak = p >= lze::kSolvedThreshold ? is[lze::kSolvedStreak] + 1 : 0;
-  // Writing the flags whole also clears the replay bit and un-prunes a failed replay.
-  const int32_t flags = streak >= prm.prune_after ? lze::kFlagPruned : 0;
-  return PromptUpdate{{d_init, ema, p, e}, {is[lze::kSeen] + 1, streak, flags, stamp}, m};
-}
-
 // The state tables are large and read at random ids: without prefetching, each row waits for
 // its own cache (and TLB) miss, as a row carries too many instructions for the out-of-order
 // window to reach the next row's loads.
@@ -151,10 +130,25 @@ inline void prefetch_state(const StepArgs& a, int64_t row, Range ids) {
   __builtin_prefetch(a.istate + id * lze::kNumIntFields, 1);
 }
 
-inline PromptUpdate next_state_of(const StepArgs& a, int64_t row) {
-  const int64_t id = a.prompt_ids[row];
-  return next_state(a.pass_rate[row], a.fstate + id * lze::kNumFloatFields,
-                    a.istate + id * lze::kNumIntFields, a.stamp, a.params);
+// The state rows are a PromptState laid out as two 16-byte table rows (lze_math.h).
+static_assert(sizeof(lze::PromptState) == 2 * 16, "PromptState must mirror the two rows");
+
+inline lze::PromptState load_state(const StepArgs& a, int64_t id) {
+  lze::PromptState s;
+  std::memcpy(&s, a.fstate + id * lze::kNumFloatFields, 16);
+  std::memcpy(reinterpret_cast<char*>(&s) + 16, a.istate + id * lze::kNumIntFields, 16);
+  return s;
+}
+
+inline void store_state(const StepArgs& a, int64_t id, const lze::PromptState& s) {
+  std::memcpy(a.fstate + id * lze::kNumFloatFields, &s, 16);
+  std::memcpy(a.istate + id * lze::kNumIntFields, reinterpret_cast<const char*>(&s) + 16, 16);
+}
+
+// SPEC 3 and 5 for the prompt of `row`, from its state before the step.
+inline lze::PromptStep next_state_of(const StepArgs& a, int64_t row) {
+  return lze::advance_prompt(load_state(a, a.prompt_ids[row]), a.pass_rate[row], a.stamp,
+                             a.params);
 }
 
 constexpr int32_t kClaimable = -1;
@@ -172,8 +166,8 @@ int32_t process_row(const StepArgs& a, int64_t row, int64_t G) {
   }
   write_advantages(view, G, s, a.params, a.advantages + row * G);
   a.pass_rate[row] = s.mean;
-  const PromptUpdate u = next_state_of(a, row);
-  a.energy[row] = u.fstate[lze::kLastEnergy];
+  const lze::PromptStep u = next_state_of(a, row);
+  a.energy[row] = u.next.last_energy;
   a.momentum[row] = u.momentum;
   return kClaimable;
 }
@@ -233,9 +227,7 @@ void commit_states(const StepArgs& a, const std::vector<int64_t>& rows,
       duplicates.push_back(row);
       continue;
     }
-    const PromptUpdate u = next_state_of(a, row);
-    std::copy_n(u.fstate, lze::kNumFloatFields, a.fstate + id * lze::kNumFloatFields);
-    std::copy_n(u.istate, lze::kNumIntFields, is);
+    store_state(a, id, next_state_of(a, row).next);
   }
 }
 

@@ -141,17 +141,12 @@ __device__ RowOutputs update_prompt_state(const StepArgs& a, int64_t id, float p
   int4* i_row = reinterpret_cast<int4*>(a.istate) + id;
   const float4 f = *f_row;
   const int4 s = *i_row;
-  const Params& prm = a.params;
-  const bool first_sight = s.x == 0;
-  const float d_init = first_sight ? anchor_difficulty(p, prm) : f.x;
-  const float m = first_sight ? 0.0f : momentum(p, f.y);
-  const float e = energy(d_init, uncertainty(p), m, prm);
-  const float ema = first_sight ? p : ema_update(f.y, p, prm);
-  const int32_t streak = p >= kSolvedThreshold ? s.y + 1 : 0;
-  const int32_t flags = streak >= prm.prune_after ? kFlagPruned : 0;  // clears the replay bit
-  *f_row = make_float4(d_init, ema, p, e);
-  *i_row = make_int4(s.x + 1, streak, flags, stamp);
-  return {p, e, m};
+  const PromptStep u =
+      advance_prompt(PromptState{f.x, f.y, f.z, f.w, s.x, s.y, s.z, s.w}, p, stamp, a.params);
+  const PromptState& n = u.next;
+  *f_row = make_float4(n.d_init, n.ema, n.last_pass_rate, n.last_energy);
+  *i_row = make_int4(n.seen, n.solved_streak, n.flags, n.claim);
+  return {p, n.last_energy, u.momentum};
 }
 
 // Run by the first lane of a row's segment: fault checks, the claim, the state update and the
