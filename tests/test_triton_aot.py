@@ -9,6 +9,7 @@ every ``LaunchConfig`` of ``lze_kernels.triton_kernels.aot_configs()`` in a subp
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -63,3 +64,26 @@ def test_resources_within_limits(compiled):
 
 def test_resource_table_written(compiled):
     assert json.loads(RESOURCES.read_text())["kernels"] == compiled
+
+
+def test_every_gpu_launch_shape_is_compiled_ahead_of_time(monkeypatch):
+    """What the wrappers launch on a GPU (tile shapes for every G, the top-k blocks) is one of
+    the variants compiled above, so no launch meets the real compiler for the first time."""
+    from lze_kernels.triton_kernels import aot_configs
+
+    # The modules, not the functions of the same names the package exports.
+    step = importlib.import_module("lze_kernels.triton_kernels.step")
+    topk = importlib.import_module("lze_kernels.triton_kernels.topk")
+
+    compiled = {(c.fn, tuple(sorted((k, v) for k, v in c.constexprs.items() if k.isupper())))
+                for c in aot_configs()}
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # the wrappers' GPU launch shapes
+    for group in range(1, step.MAX_GROUP_SIZE + 1):
+        rows, block_g = step.tile_shape(num_rows=65536, group_size=group)
+        key = (step._lze_step_kernel, (("BLOCK_G", block_g), ("BLOCK_ROWS", rows)))
+        assert key in compiled, group
+    block_i, block_j = topk.block_shape(65536)
+    for noise in (False, True):
+        key = (topk._topk_kernel,
+               (("BLOCK_I", block_i), ("BLOCK_J", block_j), ("HAS_NOISE", noise)))
+        assert key in compiled
