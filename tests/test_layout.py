@@ -20,7 +20,8 @@ EXPECTED = {
 
 def test_header_enums_match_layout():
     text = HEADER.read_text()
-    found = {name: int(value, 0) for name, value in re.findall(r"\b(k\w+) = (\w+)", text)}
+    # Enum entries: `kName = <decimal>` followed by `,` or `}`.
+    found = {name: int(value) for name, value in re.findall(r"\b(k\w+) = (\d+)\s*[,}]", text)}
     for name, value in EXPECTED.items():
         assert found.get(name) == value, name
     codes = {name: found[name] for name in ("kF32", "kBF16", "kF16")}
