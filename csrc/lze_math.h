@@ -228,10 +228,16 @@ LZE_HD float standard_gumbel(float u) {
   return static_cast<float>(-log_nonnegative(-log_nonnegative(static_cast<double>(u))));
 }
 
-// Exploration score s = E + c * g of a candidate (SPEC 4); c is the Gumbel scale.
+// Exploration score s = E + c * g of a candidate with standard Gumbel draw g (SPEC 4).
+LZE_HD float score_with_draw(float e, float gumbel_scale, float draw) {
+  return e + gumbel_scale * draw;
+}
+
+// The score of batch row `row` in the noise stream keyed by (seed, step); c = 0 is no noise.
 LZE_HD float noisy_score(float e, float gumbel_scale, uint32_t seed, uint32_t step, uint32_t row) {
   if (gumbel_scale == 0.0f) return e;
-  return e + gumbel_scale * standard_gumbel(uniform_from_bits(philox_4x32_10(seed, step, row)));
+  const float draw = standard_gumbel(uniform_from_bits(philox_4x32_10(seed, step, row)));
+  return score_with_draw(e, gumbel_scale, draw);
 }
 
 // Gumbel scale c = noise_scale * max(max E - min E, 0.01) over the candidates.

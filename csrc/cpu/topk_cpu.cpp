@@ -66,7 +66,7 @@ void block_keys(const float* energy, float scale, uint32_t seed, uint32_t step,
   for (int64_t j = 0; j < n; ++j) {
     const int64_t row = first_row + j;
     const float e = energy[row];
-    const float score = scale != 0.0f ? e + scale * draws[j] : e;
+    const float score = scale != 0.0f ? lze::score_with_draw(e, scale, draws[j]) : e;
     keys[row] = e > 0.0f ? lze::selection_key(score, row) : 0;
   }
 }
