@@ -118,6 +118,11 @@ class LZESelector:
                              f"(the number of candidates), got {batch_size!r}")
         return reference.take_eligible(eligible, candidate_ids, batch_size)
 
+    def num_pruned(self) -> torch.Tensor:
+        """0-dim int64 tensor: prompts currently pruned (replays included), for metrics."""
+        flags = self.state.istate[:self.num_prompts, L.FLAGS]
+        return ((flags & L.FLAG_PRUNED) != 0).sum()
+
     def begin_epoch(self) -> None:
         """Draw this epoch's replays: each pruned prompt with probability ``replay_ratio``."""
         reference.draw_replays(self.state, self.config.replay_ratio, self.config.seed,

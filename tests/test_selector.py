@@ -169,8 +169,10 @@ def test_forward_pruner_flow():
     sel = LZESelector(4, LZEConfig(prune_after=2, replay_ratio=1.0), backend="torch")
     solved = torch.ones(2, 4)
     ids = torch.tensor([0, 1])
-    for _ in range(2):
+    for step in range(2):
+        assert int(sel.num_pruned()) == 0
         sel.step(solved, ids)
+    assert int(sel.num_pruned()) == 2
     assert sel.rollout_mask(torch.arange(4)).tolist() == [False, False, True, True]
     picked, eligible = sel.take_eligible(torch.arange(4), 3)
     assert picked.tolist() == [2, 3, 0] and eligible.tolist() == [True, True, False]
