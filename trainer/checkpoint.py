@@ -1,0 +1,134 @@
+"""Checkpoints: DeepSpeed's save/load of weights and optimizer, plus everything else a resumed run
+needs to continue exactly where the interrupted one was.
+
+Layout: ``<run_dir>/checkpoints/step_000040/`` holds DeepSpeed's files, ``trainer_state.pt`` (the
+step, the sampler position, the selector's state_dict, run counters, the resolved config) and
+``rng_rank<r>.pt`` per rank (python, numpy and torch RNG states). A ``COMPLETE`` file is written
+last, so a checkpoint cut short by a crash is never resumed from. Rollout engines are reseeded from
+(seed, step, shard) at every step (:func:`lze_trainer.rollout.reseed`), so they need no state.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from . import distributed as D
+
+COMPLETE = "COMPLETE"
+TRAINER_STATE = "trainer_state.pt"
+
+# Settings a checkpoint must agree on to be resumed: they fix the prompt ids, the selector's
+# state table, the shapes of a step and the partitioning of DeepSpeed's optimizer state.
+COMPATIBILITY_KEYS = (
+    "model.path", "data.train", "data.train_limit", "data.prompt_template", "data.system_prompt",
+    "rollout.n", "rollout.allocation", "rollout.allocation_max", "trainer.batch_size",
+    "trainer.seed", "selection.policy", "selection.keep_ratio", "selection.noise_scale",
+    "selection.beta", "selection.d_min", "selection.alpha", "selection.prune",
+    "selection.prune_after", "selection.replay_ratio", "actor.zero_stage",
+    "actor.norm_adv_by_std", "sft_warmup.steps",
+)
+
+
+class CheckpointError(ValueError):
+    pass
+
+
+def checkpoints_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def tag(step: int) -> str:
+    return f"step_{step:06d}"
+
+
+def save(engine, run_dir: Path, step: int, trainer_state: dict, keep: int, rank: int) -> Path:
+    """Every rank calls this (DeepSpeed's save is collective)."""
+    root = checkpoints_dir(run_dir)
+    engine.save_checkpoint(str(root), tag=tag(step), client_state={"step": step})
+    folder = root / tag(step)
+    torch.save(_rng_state(), folder / f"rng_rank{rank}.pt")
+    if rank == 0:
+        torch.save(trainer_state, folder / TRAINER_STATE)
+    D.barrier()
+    if rank == 0:
+        (folder / COMPLETE).touch()
+        _prune_old(root, keep)
+    D.barrier()
+    return folder
+
+
+def find_resume_folder(run_dir: Path, resume: str) -> Optional[Path]:
+    """``auto``: the newest complete checkpoint of the run (None: start fresh); ``never``: None;
+    otherwise the named checkpoint folder, which must exist and be complete."""
+    if resume == "never":
+        return None
+    if resume != "auto":
+        folder = Path(resume)
+        if not (folder / COMPLETE).exists():
+            raise CheckpointError(f"trainer.resume: {resume!r} is not a complete checkpoint "
+                                  f"folder (expected a step_NNNNNN folder with a {COMPLETE} file)")
+        return folder
+    complete = sorted(p.parent for p in checkpoints_dir(run_dir).glob(f"step_*/{COMPLETE}"))
+    return complete[-1] if complete else None
+
+
+def load(engine, folder: Path, rank: int, config_dict: dict) -> dict:
+    """Restore DeepSpeed's state and this rank's RNGs; returns the trainer state."""
+    trainer_state = torch.load(folder / TRAINER_STATE, map_location="cpu", weights_only=False)
+    check_compatible(trainer_state["config"], config_dict, folder)
+    path, _ = engine.load_checkpoint(str(folder.parent), tag=folder.name,
+                                     load_optimizer_states=True, load_lr_scheduler_states=True)
+    if path is None:
+        raise CheckpointError(f"trainer.resume: DeepSpeed could not load {folder}")
+    rng_file = folder / f"rng_rank{rank}.pt"
+    if rng_file.exists():
+        _set_rng_state(torch.load(rng_file, weights_only=False))
+    return trainer_state
+
+
+def check_compatible(saved: dict, current: dict, folder: Path) -> None:
+    differ = [k for k in COMPATIBILITY_KEYS if _get(saved, k) != _get(current, k)]
+    if saved.get("world_size") != current.get("world_size"):
+        differ.append("world size (number of ranks)")
+    if differ:
+        details = "; ".join(f"{k}: checkpoint {_get(saved, k)!r}, now {_get(current, k)!r}"
+                            for k in differ if "." in k)
+        raise CheckpointError(
+            f"trainer.resume: the checkpoint {folder} was written by an incompatible config "
+            f"({', '.join(differ)} differ{': ' + details if details else ''}). Resume with the same "
+            f"settings, or start a new run (trainer.run_dir=... or trainer.resume=never).")
+
+
+def _get(config: dict, dotted: str) -> Any:
+    node: Any = config
+    for part in dotted.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def _prune_old(root: Path, keep: int) -> None:
+    complete = sorted(p.parent for p in root.glob(f"step_*/{COMPLETE}"))
+    for folder in complete[:-keep] if keep > 0 else []:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _rng_state() -> dict:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(),
+             "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

@@ -1,0 +1,257 @@
+"""The trainer's one config: nested dataclasses whose fields are the documentation.
+
+Loaded with OmegaConf (structured configs, as verl users know them): the defaults below, then a
+preset YAML (``--config trainer/configs/<preset>.yaml``), then ``a.b=c`` overrides from the
+command line. An unknown key, a value of the wrong type or outside its choices fails before
+anything starts, naming the key and what was expected; :func:`validate` adds the checks that span
+fields. The resolved config is saved in the run folder.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Optional, Sequence
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+
+@dataclass
+class ModelConfig:
+    path: str = "tiny:qwen2"  # Hugging Face hub id, local checkpoint dir, or tiny:qwen2?... (lze_trainer.tiny_model)
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # actor and engine weights; auto = bfloat16 on GPU, float32 on CPU
+    trust_remote_code: bool = False  # passed to transformers and vLLM
+    gradient_checkpointing: bool = False  # recompute activations in backward (saves memory)
+    attn_implementation: str = "sdpa"  # transformers attention kernel of the actor
+
+
+@dataclass
+class DataConfig:
+    train: str = "reasoning-gym:basic_arithmetic?size=2000&seed=1"  # training prompts (hf://, https://huggingface.co/datasets/..., local file, reasoning-gym:)
+    eval: list[str] = field(default_factory=list)  # held-out sets, same source forms
+    prompt_key: Optional[str] = None  # question column (None: the source's known default)
+    answer_key: Optional[str] = None  # ground-truth column (None: the source's known default)
+    prompt_template: str = "{question}"  # user turn; {question} is the prompt text
+    system_prompt: Optional[str] = None  # optional system turn
+    max_prompt_tokens: int = 512  # longer prompts are an error at start-up (they would be truncated silently otherwise)
+    train_limit: Optional[int] = None  # use only the first rows of the training set
+    eval_limit: Optional[int] = None  # use only the first rows of each held-out set
+
+
+@dataclass
+class RolloutConfig:
+    engine: Literal["vllm", "hf"] = "vllm"  # vllm: colocated engine per rank; hf: transformers generate (fallback)
+    n: int = 8  # G, responses per prompt
+    max_new_tokens: int = 256  # response length limit
+    temperature: float = 1.0  # sampling temperature (the actor's log-probs use the same)
+    top_p: float = 1.0  # nucleus sampling
+    tensor_parallel_size: int = 1  # vLLM tensor parallelism across consecutive ranks
+    gpu_memory_utilization: float = 0.4  # vLLM share of GPU memory (colocated with the actor)
+    cpu_kv_cache_gib: float = 1.0  # vLLM CPU KV cache (VLLM_CPU_KVCACHE_SPACE); CPU only
+    max_model_len: Optional[int] = None  # vLLM context (None: max_prompt_tokens + max_new_tokens)
+    enforce_eager: Optional[bool] = None  # no CUDA graphs / torch.compile (None: True on CPU, False on GPU)
+    sleep_mode: Optional[bool] = None  # free engine memory during the update (None: on for GPU)
+    allocation: bool = False  # per-prompt rollout counts n_i from softmax(E_i / tau) (ragged groups)
+    allocation_tau: float = 0.2  # softmax temperature of the allocation
+    allocation_min: int = 2  # n_min per prompt
+    allocation_max: int = 16  # n_max per prompt (the padded group width)
+    eval_temperature: float = 1.0  # temperature of the sampled held-out accuracy
+    eval_samples: int = 4  # responses per held-out prompt for the sampled accuracy
+
+
+@dataclass
+class RewardConfig:
+    function: Optional[str] = None  # module:function scorer fn(response, ground_truth, data_source, meta) -> float
+    timeout_s: float = 5.0  # per-response limit; a scorer that exceeds it gives 0
+    num_workers: int = 1  # scorer worker processes per rank
+
+
+@dataclass
+class SelectionConfig:
+    policy: Literal["uniform", "dapo", "lze"] = "lze"  # uniform: all groups (GRPO); dapo: non-zero reward variance; lze: top-k energy
+    keep_ratio: float = 0.4  # lze: k = floor(B * keep_ratio) groups kept per step
+    noise_scale: float = 0.05  # lze: Gumbel exploration noise, relative to the energy spread
+    beta: float = 0.9  # lze: pass-rate EMA decay
+    d_min: float = 0.05  # lze: floor of the anchor difficulty
+    alpha: float = 0.3  # lze: momentum weight
+    warmup_steps: int = 0  # train on all groups for the first steps (the selector still scores them)
+    prune: bool = False  # forward pruner: skip rollouts of prompts solved in prune_after consecutive epochs
+    prune_after: int = 2  # epochs solved before a prompt is pruned
+    replay_ratio: float = 0.1  # chance a pruned prompt is replayed each epoch
+    candidate_factor: float = 1.5  # pruner: draw ceil(B * factor) candidates to find B eligible prompts
+    backend: str = "auto"  # lze_kernels backend (auto, cpu, cuda, triton, torch)
+
+
+@dataclass
+class ActorConfig:
+    lr: float = 1e-6  # peak learning rate
+    lr_warmup_steps: int = 0  # linear warm-up, in optimizer steps
+    lr_schedule: Literal["constant", "cosine", "linear"] = "constant"  # after warm-up (transformers.get_scheduler)
+    weight_decay: float = 0.0  # AdamW weight decay
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW betas
+    grad_clip: float = 1.0  # global gradient-norm clip (0 = off)
+    optimizer: Literal["auto", "torch", "deepspeed"] = "auto"  # auto: torch AdamW on CPU (no compile), DeepSpeed's fused Adam on GPU
+    zero_stage: int = 2  # DeepSpeed ZeRO stage 0-3
+    offload: bool = False  # ZeRO offload of optimizer states (and parameters at stage 3) to the CPU
+    micro_batch_size: int = 8  # sequences per forward/backward
+    ppo_epochs: int = 1  # passes over each step's kept groups
+    mini_batches: int = 1  # optimizer steps per pass (kept groups split in this many parts)
+    clip_ratio_low: float = 0.2  # PPO clip: ratio >= 1 - clip_ratio_low
+    clip_ratio_high: float = 0.28  # PPO clip-higher (DAPO): ratio <= 1 + clip_ratio_high
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"  # loss normaliser (seq-mean-token-sum-norm: Dr. GRPO)
+    norm_adv_by_std: bool = True  # GRPO advantage (r - mean) / std; False: Dr. GRPO r - mean
+    kl_coef: float = 0.0  # KL penalty to the frozen initial model (0 = off, as in DAPO)
+    kl_estimator: Literal["k1", "k3"] = "k3"  # KL estimator (Schulman's k1 / k3)
+    entropy_coef: float = 0.0  # entropy bonus
+
+
+@dataclass
+class SFTWarmupConfig:
+    steps: int = 0  # supervised steps on prompt -> ground truth before GRPO (0 = off)
+    lr: float = 1e-3  # learning rate of the warm-up
+    batch_size: int = 64  # global examples per warm-up step
+    answer_template: str = "{answer}"  # the assistant turn the warm-up teaches
+
+
+@dataclass
+class TrainerConfig:
+    run_dir: str = "runs/default"  # checkpoints, metrics, TensorBoard logs, resolved config, plot
+    total_steps: int = 100  # GRPO steps (also the length of the lr schedule)
+    batch_size: int = 16  # B, prompts per step over all ranks
+    seed: int = 0  # one seed for data order, rollouts, selection noise and initialisation
+    eval_every: int = 10  # held-out evaluation every this many steps (and before the first); 0 = only at start and end
+    save_every: int = 50  # checkpoint every this many steps (0 = only at the end)
+    keep_checkpoints: int = 2  # newest checkpoints kept on disk
+    resume: str = "auto"  # auto: newest checkpoint in run_dir; never; or a checkpoint folder
+    stop_after_steps: Optional[int] = None  # exit cleanly (after a checkpoint) at this step, as a preempted job would
+    device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: cuda when available
+    threads_per_rank: int = 0  # torch threads per rank (0: cores / local ranks)
+    log_every: int = 1  # metrics to JSONL / TensorBoard every this many steps
+    wandb_project: Optional[str] = None  # also log to Weights & Biases
+    save_hf_model: bool = True  # write the final policy as a Hugging Face checkpoint (run_dir/hf_model)
+    progress_bar: bool = True  # tqdm bar on rank 0
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    selection: SelectionConfig = field(default_factory=SelectionConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    sft_warmup: SFTWarmupConfig = field(default_factory=SFTWarmupConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+
+class ConfigError(ValueError):
+    """A config value that cannot run; the message names the key and what was expected."""
+
+
+PRESETS_DIR = Path(__file__).resolve().parent / "configs"
+
+
+def load(config_file: Optional[str] = None, overrides: Sequence[str] = ()) -> Config:
+    """Defaults <- YAML file <- ``a.b=c`` overrides, type-checked and validated."""
+    try:
+        cfg = OmegaConf.structured(Config)
+        if config_file is not None:
+            cfg = OmegaConf.merge(cfg, OmegaConf.load(_preset_path(config_file)))
+        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
+    except OmegaConfBaseException as e:
+        raise ConfigError(_first_lines(str(e))) from None
+    config = OmegaConf.to_object(cfg)
+    validate(config)
+    return config
+
+
+def to_yaml(config: Config) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(config))
+
+
+def validate(c: Config) -> None:
+    """Checks that span fields or ranges that types cannot express."""
+    _positive(c, "trainer.batch_size", "trainer.total_steps", "rollout.n", "rollout.max_new_tokens",
+              "actor.micro_batch_size", "actor.ppo_epochs", "actor.mini_batches",
+              "data.max_prompt_tokens", "rollout.tensor_parallel_size", "reward.num_workers",
+              "trainer.log_every", "rollout.eval_samples", "selection.prune_after")
+    _non_negative(c, "trainer.eval_every", "trainer.save_every", "selection.warmup_steps",
+                  "actor.lr_warmup_steps", "actor.grad_clip", "actor.kl_coef", "actor.weight_decay",
+                  "sft_warmup.steps", "trainer.threads_per_rank", "actor.lr")
+    _require(0 <= c.actor.zero_stage <= 3, "actor.zero_stage", "0, 1, 2 or 3", c.actor.zero_stage)
+    _require(0 < c.selection.keep_ratio <= 1, "selection.keep_ratio", "a float in (0, 1]",
+             c.selection.keep_ratio)
+    _require(c.selection.candidate_factor >= 1, "selection.candidate_factor", "a float >= 1",
+             c.selection.candidate_factor)
+    _require(c.rollout.temperature > 0, "rollout.temperature", "a float > 0", c.rollout.temperature)
+    _require(0 < c.rollout.top_p <= 1, "rollout.top_p", "a float in (0, 1]", c.rollout.top_p)
+    _require(0 <= c.actor.clip_ratio_low < 1 and c.actor.clip_ratio_high >= 0, "actor.clip_ratio_low",
+             "clip_ratio_low in [0, 1) and clip_ratio_high >= 0",
+             (c.actor.clip_ratio_low, c.actor.clip_ratio_high))
+    _require(len(c.actor.betas) == 2 and all(0 <= b < 1 for b in c.actor.betas), "actor.betas",
+             "two floats in [0, 1)", c.actor.betas)
+    _require(c.reward.timeout_s > 0, "reward.timeout_s", "a float > 0", c.reward.timeout_s)
+    if c.rollout.allocation:
+        r = c.rollout
+        _require(1 <= r.allocation_min <= r.allocation_max, "rollout.allocation_min",
+                 "1 <= allocation_min <= allocation_max", (r.allocation_min, r.allocation_max))
+        _require(r.allocation_min <= r.n <= r.allocation_max, "rollout.n",
+                 "within [allocation_min, allocation_max] (the mean rollouts per prompt)", r.n)
+    if c.trainer.stop_after_steps is not None:
+        _require(1 <= c.trainer.stop_after_steps <= c.trainer.total_steps,
+                 "trainer.stop_after_steps", f"an int in [1, trainer.total_steps]",
+                 c.trainer.stop_after_steps)
+
+
+def validate_world(c: Config, world_size: int) -> None:
+    """Checks that depend on the number of ranks (run once the process group exists)."""
+    tp = c.rollout.tensor_parallel_size
+    _require(world_size % tp == 0, "rollout.tensor_parallel_size",
+             f"a divisor of the world size {world_size}", tp)
+    shards = world_size // tp
+    _require(c.trainer.batch_size % shards == 0, "trainer.batch_size",
+             f"a multiple of the number of rollout engines ({shards} = world size {world_size} / "
+             f"tensor_parallel_size {tp})", c.trainer.batch_size)
+    if c.sft_warmup.steps:
+        _require(c.sft_warmup.batch_size % world_size == 0, "sft_warmup.batch_size",
+                 f"a multiple of the world size {world_size}", c.sft_warmup.batch_size)
+
+
+def _preset_path(name: str) -> Path:
+    """A YAML path, or the name of a bundled preset (``tiny`` -> configs/tiny.yaml)."""
+    path = Path(name)
+    if path.exists():
+        return path
+    bundled = PRESETS_DIR / f"{name}.yaml"
+    if bundled.exists():
+        return bundled
+    presets = sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
+    raise ConfigError(f"--config: no file {name!r} and no bundled preset of that name "
+                      f"(presets: {presets})")
+
+
+def _get(c: Config, key: str):
+    section, name = key.split(".")
+    return getattr(getattr(c, section), name)
+
+
+def _positive(c: Config, *keys: str) -> None:
+    for key in keys:
+        _require(_get(c, key) > 0, key, "a number > 0", _get(c, key))
+
+
+def _non_negative(c: Config, *keys: str) -> None:
+    for key in keys:
+        _require(_get(c, key) >= 0, key, "a number >= 0", _get(c, key))
+
+
+def _require(ok: bool, key: str, expected: str, got) -> None:
+    if not ok:
+        raise ConfigError(f"{key}: expected {expected}, got {got!r}")
+
+
+def _first_lines(message: str) -> str:
+    """OmegaConf's message without its object_type line (keeps the key and the reason)."""
+    return "config: " + "; ".join(line.strip() for line in message.splitlines()
+                                  if line.strip() and not line.strip().startswith("object_type"))

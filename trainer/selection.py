@@ -1,0 +1,81 @@
+"""Which prompt groups of a step reach the actor update (``selection.policy``).
+
+Every rank runs the same :class:`lze_kernels.LZESelector` on the same all-gathered rewards, so all
+ranks hold identical selector state without any broadcast. The selector always runs: it gives the
+GRPO advantages (SPEC 2) and keeps each prompt's history (anchor, EMA, solved streak) current, so
+switching policy, warm-up steps and the forward pruner all see the same state.
+
+* ``uniform``: keep every group with responses (plain GRPO);
+* ``dapo``: keep groups whose rewards are not all equal (DAPO dynamic sampling, Yu et al. 2025);
+* ``lze``: keep the top ``floor(keep_ratio * B)`` groups by Learning-Zone Energy (SPEC 3-4).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from lze_kernels import LZEConfig, LZESelector, ops
+
+
+@dataclass
+class Selection:
+    advantages: torch.Tensor  # [B, G] per-sequence GRPO advantages
+    keep_mask: torch.Tensor  # [B] bool: groups that reach the update
+    energy: torch.Tensor  # [B]
+    pass_rate: torch.Tensor  # [B]
+
+
+class GroupSelector:
+    def __init__(self, cfg, num_prompts: int, device: torch.device):
+        s = cfg.selection
+        self.policy = s.policy
+        self.warmup_steps = s.warmup_steps
+        self.prune = s.prune
+        self.candidate_factor = s.candidate_factor
+        self.lze = LZESelector(num_prompts, LZEConfig(
+            keep_ratio=s.keep_ratio, noise_scale=s.noise_scale, seed=cfg.trainer.seed % 2**32,
+            beta=s.beta, d_min=s.d_min, alpha=s.alpha, norm_by_std=cfg.actor.norm_adv_by_std,
+            prune_after=s.prune_after, replay_ratio=s.replay_ratio,
+        ), device=device, backend=s.backend)
+
+    def num_candidates(self, batch_size: int) -> int:
+        """Prompts to draw per step: B, or more when the pruner may skip some."""
+        return math.ceil(batch_size * self.candidate_factor) if self.prune else batch_size
+
+    def choose_prompts(self, candidates: torch.Tensor, batch_size: int):
+        """(prompt ids [B], whether each gets rollouts [B]): eligible candidates first (SPEC 5)."""
+        if not self.prune:
+            return candidates[:batch_size], torch.ones(batch_size, dtype=torch.bool)
+        return self.lze.take_eligible(candidates.to(self.lze.device), batch_size)
+
+    def begin_epoch(self) -> None:
+        self.lze.begin_epoch()
+
+    def select(self, rewards: torch.Tensor, prompt_ids: torch.Tensor, valid: torch.Tensor,
+               step: int) -> Selection:
+        """Score the step's groups ([B, G] rewards of all ranks) and choose the kept ones."""
+        out = self.lze.step(rewards, prompt_ids, valid, check_inputs=False)
+        has_responses = valid.any(dim=1)
+        if self.policy == "uniform" or step < self.warmup_steps:
+            keep = has_responses
+        elif self.policy == "dapo":
+            keep = ops.dapo_keep_mask(rewards, valid)
+        else:
+            keep = out.keep_mask
+        return Selection(out.advantages, keep, out.energy, out.pass_rate)
+
+    def num_pruned(self) -> int:
+        """Prompts the forward pruner currently skips (replays not counted out). Syncs."""
+        return int(self.lze.num_pruned())
+
+    def raise_if_faulted(self) -> None:
+        self.lze.raise_if_faulted()
+
+    def state_dict(self) -> dict:
+        return self.lze.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.lze.load_state_dict(state)

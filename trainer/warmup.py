@@ -1,0 +1,62 @@
+"""Supervised warm-up: a few steps of prompt -> answer training before GRPO (``sft_warmup``).
+
+A model that never produces a correct answer gets zero GRPO gradient (every group has p = 0), so a
+small or base model is first taught the task's answer format on the training prompts. The result
+is written as a Hugging Face checkpoint in the run folder and the GRPO actor and the rollout
+engines load it from there; a resumed run finds it and skips the warm-up.
+"""
+
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+
+from . import distributed as D
+from .actor import Actor, Schedule
+from .batch import RolloutGroup, micro_batches, num_micro_batches
+from .data import PromptSampler
+from .loss import Normaliser
+from .prompts import PromptSet
+from .rollout import Completion
+
+DONE = "SFT_COMPLETE"
+
+
+def warm_up(cfg, world: D.World, model_dir: str, train: PromptSet, tokenizer, run_dir: Path,
+            log) -> str:
+    """Train ``sft_warmup.steps`` steps from ``model_dir``; returns the warmed model's folder."""
+    out_dir = Path(run_dir) / "sft_model"
+    if (out_dir / DONE).exists():
+        return str(out_dir)
+    s = cfg.sft_warmup
+    actor = Actor(cfg, world, model_dir, Schedule(s.lr, s.steps, warmup_steps=max(1, s.steps // 10),
+                                                  kind="cosine"))
+    sampler = PromptSampler(len(train), seed=cfg.trainer.seed + 1)
+    per_rank = s.batch_size // world.size
+    eos = [tokenizer.eos_token_id]
+    for step in range(1, s.steps + 1):
+        rows = sampler.next(s.batch_size)[world.rank * per_rank:(world.rank + 1) * per_rank]
+        groups = [_example(train, i, tokenizer, s.answer_template, eos) for i in rows]
+        count = int(D.all_reduce(num_micro_batches(groups, cfg.actor.micro_batch_size), "max"))
+        tokens = D.all_reduce(sum(len(g.responses[0].token_ids) for g in groups))
+        loss_sum, skipped = actor.sft_update(
+            micro_batches(groups, cfg.actor.micro_batch_size, count, actor.pad_id),
+            Normaliser(tokens=tokens, sequences=s.batch_size, max_response_length=1))
+        loss = D.all_reduce(loss_sum) / max(tokens, 1.0)
+        log(step, {"sft/loss": loss, "sft/lr": actor.lr, "sft/skipped_updates": skipped})
+    actor.save_pretrained(str(out_dir), tokenizer)
+    if world.is_main:
+        (out_dir / DONE).touch()
+    D.barrier()
+    del actor
+    gc.collect()
+    return str(out_dir)
+
+
+def _example(train: PromptSet, i: int, tokenizer, template: str, eos: list[int]) -> RolloutGroup:
+    """The prompt and its reference answer as a one-response group (loss on the answer only)."""
+    answer = tokenizer(template.format(answer=train.rows[i]["ground_truth"]),
+                       add_special_tokens=False)["input_ids"] + eos
+    return RolloutGroup(row=i, prompt_id=i, prompt=train.token_ids[i],
+                        responses=[Completion(answer, [0.0] * len(answer), truncated=False)],
+                        rewards=[0.0], advantages=[0.0])
