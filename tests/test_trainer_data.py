@@ -19,14 +19,16 @@ SCHEMA = {"messages", "ground_truth", "data_source", "index", "meta"}
 GSM8K_ROWS = [
     {"question": "Natalia sold 48 clips in April and half as many in May. How many in total?",
      "answer": "In May she sold 48/2 = <<48/2=24>>24.\nIn total 48+24 = <<48+24=72>>72.\n#### 72"},
-    {"question": "Weng earns $12 an hour. How much for 50 minutes?", "answer": "12/60*50 = 10\n#### 10"},
+    {"question": "Weng earns $12 an hour. How much for 50 minutes?",
+     "answer": "12/60*50 = 10\n#### 10"},
     {"question": "What is 1,000 + 1?", "answer": "#### 1,001"},
 ]
 MATH_ROWS = [
     {"problem": "Compute $\\frac{1}{2} + \\frac{1}{4}$.",
-     "solution": "We get $\\frac{2}{4} + \\frac{1}{4} = \\boxed{\\frac{3}{4}}$.", "level": "Level 1"},
-    {"problem": "Solve $x^2 = 4$, $x > 0$.", "solution": "First \\boxed{-2} is wrong; $x = \\boxed{2}$.",
-     "level": "Level 2"},
+     "solution": "We get $\\frac{2}{4} + \\frac{1}{4} = \\boxed{\\frac{3}{4}}$.",
+     "level": "Level 1"},
+    {"problem": "Solve $x^2 = 4$, $x > 0$.",
+     "solution": "First \\boxed{-2} is wrong; $x = \\boxed{2}$.", "level": "Level 2"},
 ]
 
 
@@ -64,15 +66,16 @@ def test_math_jsonl_layout_takes_the_last_box(tmp_path):
 
 
 def test_answer_column_wins_over_solution_and_names_match_case_insensitively(tmp_path):
-    rows = [{"ID": "2024-I-1", "Problem": "AIME problem", "Solution": "... \\boxed{204}", "Answer": 204}]
+    rows = [{"ID": "2024-I-1", "Problem": "AIME problem", "Solution": "... \\boxed{204}",
+             "Answer": 204}]
     ds = load_prompts(write_jsonl(tmp_path / "aime.jsonl", rows))
     assert ds[0]["ground_truth"] == "204" and user_turn(ds[0]) == "AIME problem"
 
 
 def test_json_file_split_names_a_top_level_key(tmp_path):
     path = tmp_path / "splits.json"
-    path.write_text(json.dumps({"train": [{"problem": "p0", "answer": "1"}],
-                                "test": [{"problem": "q0", "answer": "2"}, {"problem": "q1", "answer": "3"}]}))
+    test_rows = [{"problem": "q0", "answer": "2"}, {"problem": "q1", "answer": "3"}]
+    path.write_text(json.dumps({"train": [{"problem": "p0", "answer": "1"}], "test": test_rows}))
     ds = load_prompts(f"{path}?split=test")
     assert list(ds["ground_truth"]) == ["2", "3"] and user_turn(ds[1]) == "q1"
     with pytest.raises(DataSourceError, match="no top-level key 'dev'"):
@@ -101,12 +104,14 @@ def test_template_keeps_latex_braces_and_system_prompt_replaces_the_source_one(t
                       system_prompt="You are a careful solver.")
     assert ds[0]["messages"] == [
         {"role": "system", "content": "You are a careful solver."},
-        {"role": "user", "content": GSM8K_ROWS[0]["question"] + "\nPut the final answer in \\boxed{}."}]
+        {"role": "user",
+         "content": GSM8K_ROWS[0]["question"] + "\nPut the final answer in \\boxed{}."}]
     chat = [{"prompt": [{"role": "system", "content": "old"}, {"role": "user", "content": "q"}],
              "gold": "7"}]
     ds = load_prompts(write_jsonl(tmp_path / "chat.jsonl", chat), prompt_key="prompt",
                       answer_key="gold", system_prompt="new")
-    assert ds[0]["messages"] == [{"role": "system", "content": "new"}, {"role": "user", "content": "q"}]
+    assert ds[0]["messages"] == [{"role": "system", "content": "new"},
+                                 {"role": "user", "content": "q"}]
 
 
 def test_explicit_and_dotted_keys(tmp_path):
@@ -157,20 +162,24 @@ def test_empty_split(tmp_path):
     ("does/not/exist.parquet", "not found"),
     ("data.csv", "expected hf://owner/name"),
     ("s3://bucket/train.parquet", "unsupported address"),
-    ("hf://", "nothing before"),
+    ("hf://", "name is missing"),
     ("hf://a/b/c", "expected a hub dataset id 'owner/name'"),
-    ("https://huggingface.co/datasets/", "nothing before"),
+    ("https://huggingface.co/datasets/", "name is missing"),
     ("https://huggingface.co/datasets/openai/gsm8k/tree/main", "owner/name"),
-    ("hf://openai/gsm8k?subset=main", "unknown query key 'subset'; expected one of config, split, revision"),
+    ("hf://openai/gsm8k?subset=main",
+     "unknown query key 'subset'; expected one of config, split, revision"),
     ("hf://openai/gsm8k?split", "expected key=value"),
     ("hf://openai/gsm8k?split=train&split=test", "given twice"),
-    ("reasoning-gym:basic_arithmetc", "unknown reasoning-gym task 'basic_arithmetc'; did you mean basic_arithmetic"),
+    ("reasoning-gym:?size=3", "name is missing"),
+    ("reasoning-gym:basic_arithmetc",
+     "unknown reasoning-gym task 'basic_arithmetc'; did you mean basic_arithmetic"),
     ("reasoning-gym:basic_arithmetic?depth=3", "no config field 'depth'.*min_terms"),
     ("reasoning-gym:basic_arithmetic?min_terms=two", "min_terms='two'"),
     ("reasoning-gym:basic_arithmetic?min_terms=1.5", "min_terms='1.5'.*int"),
     ("reasoning-gym:basic_arithmetic?allow_negation=maybe", "true or false"),
     ("reasoning-gym:basic_arithmetic?format_style=fancy", "one of \\['simple', 'natural'\\]"),
-    ("reasoning-gym:basic_arithmetic?min_terms=5&max_terms=2", "rejected the config.*max_terms must be >= min_terms"),
+    ("reasoning-gym:basic_arithmetic?min_terms=5&max_terms=2",
+     "rejected the config.*max_terms must be >= min_terms"),
     ("reasoning-gym:basic_arithmetic?operators=%5E", "unsupported operator"),
     ("reasoning-gym:basic_arithmetic?size=0", "empty"),
 ])
@@ -243,7 +252,8 @@ def test_hub_arguments(monkeypatch, source, expected):
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
     ds = load_prompts(source)
     assert calls == [expected]
-    assert set(ds["data_source"]) == {expected[0][0]} and list(ds["ground_truth"]) == ["72", "10", "1,001"]
+    assert set(ds["data_source"]) == {expected[0][0]}
+    assert list(ds["ground_truth"]) == ["72", "10", "1,001"]
 
 
 def test_hub_config_errors_name_the_source(monkeypatch):
@@ -251,7 +261,8 @@ def test_hub_config_errors_name_the_source(monkeypatch):
         raise ValueError("BuilderConfig 'mian' not found. Available: ['main', 'socratic']")
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
-    with pytest.raises(DataSourceError, match=r"'hf://openai/gsm8k\?config=mian'.*Available: \['main'"):
+    with pytest.raises(DataSourceError,
+                       match=r"'hf://openai/gsm8k\?config=mian'.*Available: \['main'"):
         load_prompts("hf://openai/gsm8k?config=mian")
 
 
@@ -300,7 +311,8 @@ def test_reasoning_gym_template_and_system_prompt():
     ds = load_prompts("reasoning-gym:basic_arithmetic?size=2", system_prompt="Use <answer> tags.",
                       prompt_template="Q: {question}")
     assert [m["role"] for m in ds[0]["messages"]] == ["system", "user"]
-    assert user_turn(ds[0]).startswith("Q: ") and ds[0]["messages"][0]["content"] == "Use <answer> tags."
+    assert user_turn(ds[0]).startswith("Q: ")
+    assert ds[0]["messages"][0]["content"] == "Use <answer> tags."
 
 
 # --- ground-truth extraction and metadata ------------------------------------------------------

@@ -7,14 +7,18 @@ import textwrap
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("math_verify")
 pytest.importorskip("reasoning_gym")
 
+from math_verify import parse, verify  # noqa: E402
+
 from lze_trainer.data import decode_meta, load_prompts  # noqa: E402
 from lze_trainer.reward import (  # noqa: E402
-    RewardScorer, as_math, default_score, extract_math_answer, extract_reasoning_gym_answer,
-    import_function, math_score,
+    RewardScorer, answer_expression, default_score, extract_math_answer,
+    extract_reasoning_gym_answer, import_function, math_score,
 )
 
 logging.getLogger("math_verify").setLevel(logging.ERROR)
@@ -72,6 +76,8 @@ TRICKY_ANSWERS = [
     ("\\{1,2\\}", "\\boxed{\\{2,1\\}}", 1.0),
     ("2\\pi", "\\boxed{2\\pi}", 1.0),
     ("5", "\\boxed 5", 1.0),
+    ("0", "\\boxed{-0}", 1.0),
+    ("007", "\\boxed{7}", 1.0),
     ("3", "\\fbox{3}", 1.0),
     ("10", "\\boxed{\\text{10}}", 1.0),
 ]
@@ -94,17 +100,26 @@ def test_math_answer_precedence(response, answer):
     assert extract_math_answer(response) == answer
 
 
-@pytest.mark.parametrize("text, latex", [
-    ("12", "$12$"),
-    ("$\\frac{1}{2}$", "$\\frac{1}{2}$"),
-    ("The final answer is $3$. I hope it is correct.", "$3$"),
-    ("$1,000", "$1,000$"),
-    ("\\$12", "$\\$12$"),
-    ("12 dollars", "$12$"),
-    ("2 x", "$2 x$"),  # a one-letter word is a variable, not a unit
+@pytest.mark.parametrize("text, expression", [
+    ("12", "12"),
+    ("$\\frac{1}{2}$", "\\frac{1}{2}"),
+    ("The final answer is $3$. I hope it is correct.", "3"),
+    ("$1,000", "1,000"),
+    ("\\$12", "\\$12"),
+    ("12 dollars", "12"),
+    ("2 x", "2 x"),  # a one-letter word is a variable, not a unit
 ])
-def test_as_math(text, latex):
-    assert as_math(text) == latex
+def test_answer_expression(text, expression):
+    assert answer_expression(text) == expression
+
+
+@given(st.integers(-10**20, 10**20), st.sampled_from([0, 0, 1, -1, 10**6, 10**15]))
+@settings(max_examples=150, deadline=None)
+def test_integer_shortcut_agrees_with_math_verify(value, offset):
+    gold, answer = str(value), str(value + offset)
+    full = verify(parse(f"${gold}$", parsing_timeout=None),
+                  parse(f"${answer}$", parsing_timeout=None), timeout_seconds=None)
+    assert math_score(f"\\boxed{{{answer}}}", gold) == float(full)
 
 
 @pytest.mark.parametrize("response, answer", [
@@ -128,13 +143,13 @@ def arithmetic_rows():
 
 def test_reasoning_gym_scoring(arithmetic_rows):
     for row in arithmetic_rows:
-        meta, gold = decode_meta(row["meta"]), row["ground_truth"]
-        score = lambda response: default_score(response, gold, row["data_source"], meta)  # noqa: E731
-        assert score(f"<answer>{gold}</answer>") == 1.0
-        assert score(f"Adding up step by step.\n{gold}") == 1.0
-        assert score(f"The result is \\boxed{{{gold}}}.") == 1.0
-        assert score(f"<answer>{int(gold) + 1}</answer>") < 1.0
-        assert score("") == 0.0
+        gold, meta = row["ground_truth"], decode_meta(row["meta"])
+        right = [f"<answer>{gold}</answer>", f"Adding up step by step.\n{gold}",
+                 f"The result is \\boxed{{{gold}}}."]
+        wrong = [f"<answer>{int(gold) + 1}</answer>", ""]
+        scores = [default_score(response, gold, row["data_source"], meta)
+                  for response in right + wrong]
+        assert scores[:3] == [1.0, 1.0, 1.0] and scores[3] < 1.0 and scores[4] == 0.0
 
 
 def test_reasoning_gym_scorer_gets_tuples_back():
@@ -219,7 +234,7 @@ def test_custom_function_and_faults(scorer_module):
 def test_hanging_scorer_is_killed_and_the_pool_keeps_working(scorer_module, num_workers):
     timeout_s = 1.0
     responses = ["a", "hang", "b", "c", "hang", "d"]
-    with RewardScorer(function=scorer_module, timeout_s=timeout_s, num_workers=num_workers) as scorer:
+    with RewardScorer(scorer_module, timeout_s=timeout_s, num_workers=num_workers) as scorer:
         start = time.monotonic()
         result = scorer.score(responses, rows_for(["a", "x", "x", "c", "x", "d"]))
         elapsed = time.monotonic() - start
@@ -246,7 +261,7 @@ def test_bad_settings_fail_at_construction(scorer_module):
         RewardScorer(function="lze_test_scorers:missing")
     with pytest.raises(ValueError, match="is not callable"):
         import_function("lze_test_scorers:not_callable")
-    with pytest.raises(ValueError, match="reward.timeout_s must be a number > 0"):
+    with pytest.raises(ValueError, match="reward.timeout_s must be a finite number > 0"):
         RewardScorer(timeout_s=0)
     with pytest.raises(ValueError, match="reward.num_workers must be an int >= 1"):
         RewardScorer(num_workers=0)

@@ -2,13 +2,14 @@
 
 Sources (``load_prompts(source)``)::
 
-    hf://openai/gsm8k?config=main&split=train                  Hugging Face hub (datasets.load_dataset)
-    https://huggingface.co/datasets/openai/gsm8k?config=main    the same, as the dataset's web address
-    data/train.parquet   data/train.jsonl   data/all.json?split=test   local files
-    reasoning-gym:basic_arithmetic?size=2000&seed=1&max_digits=2     procedural tasks, offline
+    hf://openai/gsm8k?config=main&split=train             the Hugging Face hub (load_dataset)
+    https://huggingface.co/datasets/openai/gsm8k?config=main          the same, as a web address
+    data/train.parquet  data/train.jsonl  data/all.json?split=test    local files
+    reasoning-gym:basic_arithmetic?size=2000&seed=1&max_digits=2      procedural tasks, offline
 
 Hub query keys: ``config`` (the dataset's configuration name), ``split`` (default ``train``),
-``revision``. A local ``.json`` file may hold several splits as top-level keys
+``revision``; ``hf://datasets/owner/name`` (huggingface_hub's form) is accepted too. A local
+``.json`` file may hold several splits as top-level keys
 (``{"train": [...], "test": [...]}``): ``?split=`` names the key. A reasoning-gym query sets the
 task's config fields (``size``, ``seed`` and the task's own); ``seed`` defaults to 0, not to
 reasoning-gym's random seed, so every rank and every resumed run sees the same prompts.
@@ -121,13 +122,14 @@ def _load_table(source: str) -> tuple[datasets.Dataset, str]:
     """The raw table of a hub or local source, and its ``data_source`` label."""
     if source.startswith(HF_SCHEME):
         repo = source[len(HF_SCHEME):]
-        repo = repo[len("datasets/"):] if repo.startswith("datasets/") else repo  # HfFileSystem form
+        if repo.startswith("datasets/"):  # huggingface_hub's HfFileSystem form
+            repo = repo[len("datasets/"):]
         return _load_hub(source, repo)
     if source.startswith(HF_WEB_PREFIX):
         return _load_hub(source, source[len(HF_WEB_PREFIX):])
     if "://" in source:
         raise DataSourceError(
-            f"data source {source!r}: unsupported address; expected hf://owner/name?config=..&split=.., "
+            f"data source {source!r}: unsupported address; expected hf://owner/name?config=.., "
             f"{HF_WEB_PREFIX}owner/name?.., a local {'/'.join(LOCAL_SUFFIXES)} file, "
             f"or {REASONING_GYM_SCHEME}<task>?..")
     return _load_local(source)
@@ -219,7 +221,7 @@ class _PromptRenderer:
             messages[last_user]["content"] = self.template.replace(
                 "{question}", messages[last_user]["content"])
         if self.system_prompt is not None:
-            if messages[0]["role"] == "system":  # the configured system prompt replaces the source's
+            if messages[0]["role"] == "system":  # the configured one replaces the source's
                 messages = messages[1:]
             messages = [{"role": "system", "content": self.system_prompt}] + messages
         return messages
@@ -251,7 +253,8 @@ def _resolve_columns(source: str, table: datasets.Dataset, prompt_key: str | Non
             f"problem/solution, prompt/reward_model.ground_truth); set data.prompt_key and "
             f"data.answer_key. Available columns: {_describe_columns(table.features)}")
     prompt, answer = _find_path(table.features, prompt_key), _find_path(table.features, answer_key)
-    for setting, key, path in (("prompt_key", prompt_key, prompt), ("answer_key", answer_key, answer)):
+    for setting, key, path in (("prompt_key", prompt_key, prompt),
+                               ("answer_key", answer_key, answer)):
         if path is None:
             raise DataSourceError(f"data source {source!r}: {setting}={key!r} is not a column; "
                                   f"available columns: {_describe_columns(table.features)}")
@@ -288,7 +291,8 @@ def _normalise_table(source: str, table: datasets.Dataset, label: str, prompt_pa
         if not (isinstance(question, str) or _is_chat(question)):
             raise DataSourceError(
                 f"data source {source!r}, row {index}: column {'.'.join(prompt_path)!r} must hold "
-                f"text or a chat (a list of {{role, content}} with a user turn), got {question!r:.200}")
+                f"text or a chat (a list of {{role, content}} with a user turn), "
+                f"got {question!r:.200}")
         if answer is None:
             raise DataSourceError(f"data source {source!r}, row {index}: column "
                                   f"{'.'.join(answer_path)!r} is empty")
@@ -364,7 +368,8 @@ def _braced(text: str, open_at: int) -> str | None:
 # reasoning-gym
 
 
-def _load_reasoning_gym(source: str, render: _PromptRenderer, limit: int | None) -> datasets.Dataset:
+def _load_reasoning_gym(source: str, render: _PromptRenderer,
+                        limit: int | None) -> datasets.Dataset:
     import datasets
 
     task, config = parse_reasoning_gym_source(source)
@@ -505,7 +510,7 @@ def _guess_scalar(text: str) -> Any:
 def _split_query(source: str, text: str) -> tuple[str, str]:
     head, _, query = text.partition("?")
     if not head:
-        raise DataSourceError(f"data source {source!r}: nothing before the '?'")
+        raise DataSourceError(f"data source {source!r}: the dataset, file or task name is missing")
     return head, query
 
 
@@ -516,7 +521,8 @@ def _query_options(source: str, query: str, allowed: tuple[str, ...] | None) -> 
         key, equals, value = part.partition("=")
         key, value = unquote(key), unquote(value)
         if not equals or not key:
-            raise DataSourceError(f"data source {source!r}: expected key=value in the query, got {part!r}")
+            raise DataSourceError(f"data source {source!r}: expected key=value in the query, "
+                                  f"got {part!r}")
         if key in options:
             raise DataSourceError(f"data source {source!r}: {key!r} is given twice")
         if allowed is not None and key not in allowed:
@@ -582,7 +588,7 @@ class PromptSampler:
             raise ValueError(f"seed must be an int >= 0, got {seed!r}")
         self.num_rows, self.seed, self.shuffle = num_rows, seed, bool(shuffle)
         self.epoch = 0  # epochs started so far
-        self._position = num_rows  # next position in the current epoch's order (exhausted: none started)
+        self._position = num_rows  # next position in the epoch's order (num_rows: none started)
         self._deferred: list[int] = []  # rows of the current epoch to serve before _position
         self._order_cache: tuple[int, np.ndarray] | None = None
 
@@ -613,8 +619,8 @@ class PromptSampler:
     def _order(self) -> np.ndarray:
         if self._order_cache is None or self._order_cache[0] != self.epoch:
             if self.shuffle:
-                rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([self.seed, self.epoch])))
-                order = rng.permutation(self.num_rows)
+                seeds = np.random.SeedSequence([self.seed, self.epoch])
+                order = np.random.Generator(np.random.PCG64(seeds)).permutation(self.num_rows)
             else:
                 order = np.arange(self.num_rows)
             self._order_cache = (self.epoch, order)
@@ -629,8 +635,9 @@ class PromptSampler:
         for key in ("num_rows", "seed", "shuffle"):
             if state.get(key) != getattr(self, key):
                 raise ValueError(f"sampler state: {key}={state.get(key)!r} does not match this "
-                                 f"sampler's {key}={getattr(self, key)!r} (another dataset or seed)")
+                                 f"sampler's {key}={getattr(self, key)!r} (another dataset?)")
         position, deferred = state["position"], [int(r) for r in state["deferred"]]
         if not 0 <= position <= self.num_rows or any(not 0 <= r < self.num_rows for r in deferred):
-            raise ValueError(f"sampler state: position or deferred rows outside [0, {self.num_rows}]")
+            raise ValueError(f"sampler state: position or deferred rows outside "
+                             f"[0, {self.num_rows}]")
         self.epoch, self._position, self._deferred = int(state["epoch"]), int(position), deferred
