@@ -228,6 +228,23 @@ def test_custom_function_and_faults(scorer_module):
         again = scorer.score(["a", "b"], rows_for(["a", "a"]))  # the dead worker was replaced
         assert (again.rewards, again.errors) == ([1.0, 0.0], 0)
         assert len(live_workers()) == 1
+        died = scorer.score(["exit"], rows_for(["a"]))
+        assert (died.errors, died.first_error) == (1, "the scoring process died (exit code 3)")
+
+
+def test_a_worker_that_cannot_start_is_an_error(tmp_path, monkeypatch):
+    (tmp_path / "lze_test_child_only.py").write_text(textwrap.dedent('''
+        import multiprocessing
+        if multiprocessing.current_process().name == "lze-reward":
+            raise ImportError("only in the worker")
+        def score(response, ground_truth, data_source, meta):
+            return 1.0
+    '''))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with RewardScorer("lze_test_child_only:score") as scorer:
+        with pytest.raises(RuntimeError, match="a reward worker failed to start"):
+            scorer.score(["a"], rows_for(["a"]))
+    assert live_workers() == []
 
 
 @pytest.mark.parametrize("num_workers", [1, 2])

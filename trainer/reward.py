@@ -297,7 +297,7 @@ class RewardScorer:
                         worker.send(index, items[index], self.timeout_s)
                     except OSError:  # it died while idle: the item was never scored, retry it
                         queue.appendleft(index)
-                        self._replace(worker, result, cause=None)
+                        self._replace(worker, result)
             self._collect(result, timeout=self._wait_time())
             self._enforce_deadlines(result)
         return result
@@ -315,8 +315,7 @@ class RewardScorer:
             try:
                 kind, value = conn.recv()
             except (EOFError, OSError):  # the process died (a scorer exited, OOM kill, ...)
-                self._replace(worker, result, cause=f"worker exited with code "
-                                                    f"{worker.process.exitcode}")
+                self._replace(worker, result)
                 continue
             if kind == "ready":
                 worker.ready = True
@@ -332,19 +331,21 @@ class RewardScorer:
             if worker.item is not None and now >= worker.deadline:
                 result.timeouts += 1
                 worker.finish()
-                self._replace(worker, result, cause=None)
+                self._replace(worker, result)
             elif not worker.ready and now >= worker.started_at + _START_TIMEOUT_S:
                 raise RuntimeError(f"reward worker not ready after {_START_TIMEOUT_S:.0f} s")
 
-    def _replace(self, worker: _Worker, result: ScoreResult, cause: str | None) -> None:
-        """Kill ``worker`` and start another; an item it held counts as an error if ``cause``."""
-        if not worker.ready:
-            worker.stop(graceful=False)
-            raise RuntimeError(f"reward worker failed to start ({cause}); see its traceback above")
-        if worker.item is not None:
-            worker.finish()
-            self._count_error(result, cause)
+    def _replace(self, worker: _Worker, result: ScoreResult) -> None:
+        """Kill ``worker`` and start another. An item it still holds was lost with its process:
+        an error."""
+        held = worker.item
         worker.stop(graceful=False)
+        code = worker.process.exitcode
+        if not worker.ready:
+            raise RuntimeError(f"a reward worker failed to start (exit code {code}); see its "
+                               f"traceback above")
+        if held is not None:
+            self._count_error(result, f"the scoring process died (exit code {code})")
         self._workers[self._workers.index(worker)] = _Worker(self._context, self.function)
 
     @staticmethod
