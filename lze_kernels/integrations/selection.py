@@ -1,0 +1,84 @@
+"""What both integrations share: which whole prompt groups a step keeps, and the metrics of it.
+
+A *policy* decides from one step's rewards ``[B, G]`` which groups go to the actor update:
+``"lze"`` keeps the top-k groups by Learning-Zone Energy (SPEC 3-4, stateful, one fused step) and
+``"dapo"`` keeps the groups whose rewards are not all equal (DAPO dynamic sampling, Yu et al.,
+2025, SPEC 7, stateless). Trainers drop or keep whole groups, never single rollouts (SPEC 4).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+from .. import layout as L
+from .. import ops
+from ..selector import LZESelector, StepOutput
+
+POLICIES = ("lze", "dapo")
+
+ScoreFn = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class GroupSelection:
+    """The groups one step keeps; every tensor is on the rewards' device."""
+
+    prompt_ids: torch.Tensor  # [B] int64 dataset rows
+    keep: torch.Tensor  # [B] bool
+    num_kept: torch.Tensor  # 0-dim int64
+    step: Optional[StepOutput] = None  # the selector's full output (policy "lze")
+
+
+def check_policy(policy: str) -> None:
+    if policy not in POLICIES:
+        raise ValueError(f"policy: expected one of {POLICIES}, got {policy!r}")
+
+
+def select_groups(policy: str, selector: Optional[LZESelector], rewards: torch.Tensor,
+                  prompt_ids: torch.Tensor, valid: torch.Tensor) -> GroupSelection:
+    """Apply ``policy`` to ``rewards`` [B, G] (``valid`` [B, G] marks the scored rollouts).
+
+    ``"lze"`` runs ``selector.step`` (rewards must lie in [0, 1]: see :func:`unit_scores`);
+    ``"dapo"`` needs no selector and takes rewards of any range."""
+    if policy == "dapo":
+        keep = ops.dapo_keep_mask(rewards, valid)
+        return GroupSelection(prompt_ids, keep, keep.sum())
+    rewards = torch.where(valid, rewards, 0.0)  # unscored entries may hold NaN
+    out = selector.step(rewards.float(), prompt_ids, valid)
+    return GroupSelection(prompt_ids, out.keep_mask, out.num_kept, out)
+
+
+def unit_scores(rewards: torch.Tensor, valid: torch.Tensor,
+                score_fn: Optional[ScoreFn]) -> torch.Tensor:
+    """Rewards mapped by ``score_fn`` (default: unchanged) for LZE's pass rate, checked to lie in
+    [0, 1] on the valid entries (one host sync)."""
+    scores = rewards if score_fn is None else score_fn(rewards)
+    if not isinstance(scores, torch.Tensor) or scores.shape != rewards.shape:
+        raise ValueError(f"score_fn: expected a tensor of shape {tuple(rewards.shape)}, "
+                         f"got {getattr(scores, 'shape', type(scores).__name__)}")
+    outside = valid & ~((scores >= 0.0) & (scores <= 1.0))
+    if bool(outside.any()):
+        raise ValueError("rewards: LZE needs each completion's reward in [0, 1] (a pass rate); "
+                         "pass score_fn to map your rewards there, e.g. "
+                         "score_fn=lambda r: (r > 0).float()")
+    return scores
+
+
+def selection_metrics(selection: GroupSelection,
+                      selector: Optional[LZESelector]) -> dict[str, float]:
+    """``lze/kept_ratio`` (kept groups / B); with a selector also ``lze/energy_mean`` over the
+    step's groups and ``lze/pruned``, the fraction of the dataset the forward pruner skips."""
+    metrics = {"lze/kept_ratio": selection.num_kept.item() / selection.keep.shape[0]}
+    if selection.step is not None:
+        metrics["lze/energy_mean"] = selection.step.energy.mean().item()
+    if selector is not None:
+        metrics["lze/pruned"] = pruned_fraction(selector)
+    return metrics
+
+
+def pruned_fraction(selector: LZESelector) -> float:
+    flags = selector.state.istate[: selector.num_prompts, L.FLAGS]
+    return ((flags & L.FLAG_PRUNED) != 0).float().mean().item()

@@ -1,0 +1,12 @@
+"""LZE selection inside TRL's ``GRPOTrainer`` (checked with trl 1.16.0; imports ``trl``).
+
+>>> from lze_kernels import LZEConfig
+>>> from lze_kernels.integrations.trl import LZEGRPOTrainer
+>>> trainer = LZEGRPOTrainer(model, reward_funcs, args=GRPOConfig(...), train_dataset=dataset,
+...                          policy="lze", lze_config=LZEConfig(keep_ratio=0.4))
+"""
+
+from .sampler import EpochPlanner, PrunedRepeatSampler
+from .trainer import LZEGRPOTrainer
+
+__all__ = ["LZEGRPOTrainer", "EpochPlanner", "PrunedRepeatSampler"]
