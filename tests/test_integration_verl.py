@@ -1,0 +1,276 @@
+"""LZEAdvantage against verl's GRPO advantage semantics, without verl installed.
+
+``verl_grpo_reference`` re-implements, as a plain loop over a dict of uid groups, what
+``compute_grpo_outcome_advantage`` in volcengine/verl ``verl/trainer/ppo/core_algos.py`` computes
+(read at commit 012be9d9; the same body is registered as ``"grpo"`` through ``register_adv_est``):
+per-response score = sum of token-level rewards; per uid group mean and unbiased std
+(``torch.std``), a group of one response gets mean 0 and std 1; ``A = (s - mean) / (std + eps)``
+or ``s - mean`` without std normalisation; ``A * response_mask`` returned as advantages and
+returns.
+"""
+
+import sys
+import types
+import uuid
+from collections import defaultdict
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lze_kernels import LZEConfig, LZESelector
+from lze_kernels.integrations.verl import LZEAdvantage, group_by_uid
+from lze_kernels.layout import SEEN
+
+
+def verl_grpo_reference(token_level_rewards, response_mask, index, epsilon=1e-6,
+                        norm_adv_by_std_in_grpo=True):
+    scores = token_level_rewards.sum(dim=-1)
+    by_uid = defaultdict(list)
+    for i, uid in enumerate(index):
+        by_uid[uid].append(scores[i])
+    mean, std = {}, {}
+    for uid, members in by_uid.items():
+        if len(members) == 1:
+            mean[uid], std[uid] = torch.tensor(0.0), torch.tensor(1.0)
+        else:
+            mean[uid], std[uid] = torch.stack(members).mean(), torch.stack(members).std()
+    advantages = torch.empty_like(scores)
+    for i, uid in enumerate(index):
+        centred = scores[i] - mean[uid]
+        advantages[i] = centred / (std[uid] + epsilon) if norm_adv_by_std_in_grpo else centred
+    advantages = advantages.unsqueeze(-1) * response_mask
+    return advantages, advantages
+
+
+def verl_batch(num_prompts, group, length=12, seed=0, binary=True, singles=0):
+    """A batch the way verl's fit builds it: fresh uuid4 uids repeated per rollout, responses
+    shuffled (balance_batch reorders), the outcome reward on the last response token, and the
+    dataset row of each response (non_tensor_batch["index"])."""
+    g = torch.Generator().manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    uids = np.array([str(uuid.UUID(int=int(rng.integers(2**62)))) for _ in range(num_prompts)],
+                    dtype=object)
+    counts = [group] * (num_prompts - singles) + [1] * singles
+    index = np.repeat(uids, counts)
+    dataset_index = np.repeat(np.arange(num_prompts) * 3, counts).astype(object)
+    bs = index.shape[0]
+    p = torch.rand(bs, generator=g)
+    scores = (torch.rand(bs, generator=g) < p).float() if binary else torch.rand(bs, generator=g)
+    lengths = torch.randint(1, length + 1, (bs,), generator=g)
+    response_mask = (torch.arange(length)[None, :] < lengths[:, None]).to(torch.int64)
+    token_level_rewards = torch.zeros(bs, length)
+    token_level_rewards[torch.arange(bs), lengths - 1] = scores
+    order = rng.permutation(bs)
+    return (token_level_rewards[order], response_mask[order], index[order],
+            dataset_index[order])
+
+
+# ----------------------------------------------------------------------------- uid -> rows
+
+
+def test_group_by_uid_places_every_response_once():
+    _, _, index, _ = verl_batch(20, 5, singles=3)
+    groups = group_by_uid(index, "cpu")
+    uids = sorted(set(index))
+    assert groups.row.tolist() == [uids.index(uid) for uid in index]  # sorted uid order
+    cells = set(zip(groups.row.tolist(), groups.slot.tolist()))
+    assert len(cells) == len(index) and groups.width == 5
+    for g, first in enumerate(groups.first.tolist()):  # first response of each group, in order
+        assert index[first] == uids[g] and list(index).index(uids[g]) == first
+
+
+def test_group_by_uid_accepts_tensors():
+    index = torch.tensor([7, 3, 7, 3, 9])
+    groups = group_by_uid(index, "cpu")
+    assert groups.row.tolist() == [1, 0, 1, 0, 2] and groups.slot.tolist() == [0, 0, 1, 1, 0]
+
+
+# ----------------------------------------------------------------------------- advantages
+
+
+@pytest.mark.parametrize("norm", [True, False])
+@pytest.mark.parametrize("uid_type", ["numpy", "tensor"])
+def test_binary_rewards_match_verl_exactly(norm, uid_type):
+    rewards, mask, index, rows = verl_batch(48, 8, singles=2)
+    expected, _ = verl_grpo_reference(rewards, mask, index, norm_adv_by_std_in_grpo=norm)
+    if uid_type == "tensor":
+        index = torch.from_numpy(np.unique(index, return_inverse=True)[1])
+    adapter = LZEAdvantage(num_prompts=200)
+    advantages, returns = adapter(rewards, mask, index, norm_adv_by_std_in_grpo=norm,
+                                  prompt_index=rows)
+    assert torch.equal(advantages, expected) and returns is advantages
+    assert advantages.dtype == expected.dtype and advantages.shape == rewards.shape
+
+
+def test_single_rollout_group_follows_verl_not_the_kernels():
+    rewards = torch.tensor([[0.0, 0.7], [1.0, 0.0], [0.0, 0.0]])
+    mask = torch.ones_like(rewards, dtype=torch.int64)
+    index = np.array(["solo", "pair", "pair"], dtype=object)
+    advantages, _ = LZEAdvantage(10)(rewards, mask, index, prompt_index=[4, 5, 5])
+    assert advantages[0].tolist() == pytest.approx([0.7 / (1 + 1e-6)] * 2, rel=1e-7)
+    torch.testing.assert_close(advantages, verl_grpo_reference(rewards, mask, index)[0])
+
+
+@settings(max_examples=30, deadline=None)
+@given(num_prompts=st.integers(1, 12), group=st.integers(2, 9), singles=st.integers(0, 3),
+       binary=st.booleans(), norm=st.booleans(), epsilon=st.sampled_from([1e-6, 1e-4]),
+       seed=st.integers(0, 2**16))
+def test_matches_verl_on_any_batch(num_prompts, group, singles, binary, norm, epsilon, seed):
+    singles = min(singles, num_prompts)
+    rewards, mask, index, rows = verl_batch(num_prompts, group, seed=seed, binary=binary,
+                                            singles=singles)
+    expected, _ = verl_grpo_reference(rewards, mask, index, epsilon, norm)
+    advantages, _ = LZEAdvantage(100)(rewards, mask, index, epsilon=epsilon,
+                                      norm_adv_by_std_in_grpo=norm, prompt_index=rows)
+    # verl takes torch.mean / torch.std, the kernels sum / count: equal up to float32 rounding.
+    torch.testing.assert_close(advantages, expected, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("config, norm", [({"norm_adv_by_std_in_grpo": False}, False),
+                                          (types.SimpleNamespace(norm_adv_by_std_in_grpo=False),
+                                           False),
+                                          (None, True)])
+def test_reads_the_std_switch_from_verls_algorithm_config(config, norm):
+    rewards, mask, index, rows = verl_batch(6, 4, seed=3)
+    expected, _ = verl_grpo_reference(rewards, mask, index, norm_adv_by_std_in_grpo=norm)
+    advantages, _ = LZEAdvantage(20)(rewards, mask, index, config=config, prompt_index=rows)
+    assert torch.equal(advantages, expected)
+
+
+# ----------------------------------------------------------------------------- selection
+
+
+def test_keep_mask_is_the_selectors_choice_of_whole_groups():
+    config = LZEConfig(keep_ratio=0.3, noise_scale=0.05, seed=11)
+    rewards, mask, index, rows = verl_batch(32, 8, seed=5)
+    adapter = LZEAdvantage(100, config)
+    adapter(rewards, mask, index, prompt_index=rows)
+
+    # Independently: groups in sorted uid order (as the adapter numbers them), a fresh selector.
+    uids = sorted(set(index))
+    scores = rewards.sum(-1)
+    by_uid = torch.stack([scores[torch.from_numpy(index == uid)] for uid in uids])
+    ids = torch.tensor([rows[list(index).index(uid)] for uid in uids], dtype=torch.int64)
+    expected = LZESelector(100, config).step(by_uid, ids)
+
+    selection = adapter.last.selection
+    assert torch.equal(selection.prompt_ids, ids)
+    assert torch.equal(selection.keep, expected.keep_mask)
+    assert torch.equal(selection.step.energy, expected.energy)
+    kept = {uid for uid, keep in zip(uids, expected.keep_mask.tolist()) if keep}
+    assert adapter.last.keep_mask.tolist() == [uid in kept for uid in index]
+    assert len(kept) == int(expected.num_kept) == 9  # floor(32 * 0.3), whole groups
+
+
+def test_fresh_uids_each_step_share_the_dataset_rows_state():
+    adapter = LZEAdvantage(100, LZEConfig(noise_scale=0.0))
+    for seed in (1, 2):  # new uuid4 uids, same dataset rows
+        rewards, mask, index, rows = verl_batch(10, 4, seed=seed)
+        adapter.bind(rows)  # what the registry call cannot pass
+        adapter(rewards, mask, index)
+    seen = adapter.selector.state.istate[:, SEEN]
+    assert seen[np.arange(10) * 3].tolist() == [2] * 10 and int(seen.sum()) == 20
+
+
+def test_dapo_policy_keeps_exactly_the_groups_with_unequal_scores():
+    rewards, mask, index, _ = verl_batch(40, 4, seed=9)
+    adapter = LZEAdvantage(policy="dapo")
+    advantages, _ = adapter(rewards, mask, index)
+    scores = rewards.sum(-1)
+    by_uid = defaultdict(set)
+    for uid, score in zip(index, scores.tolist()):
+        by_uid[uid].add(score)
+    expected = [len(by_uid[uid]) > 1 for uid in index]
+    assert adapter.last.keep_mask.tolist() == expected and 0 < sum(expected) < len(expected)
+    assert torch.equal(advantages, verl_grpo_reference(rewards, mask, index)[0])
+
+
+def test_score_fn_maps_rewards_for_lze_but_not_the_advantages():
+    rewards, mask, index, rows = verl_batch(8, 4, seed=4)
+    signed = 2 * rewards  # rewards in {0, 2}
+    with pytest.raises(ValueError, match="score_fn"):
+        LZEAdvantage(50)(signed, mask, index, prompt_index=rows)
+    adapter = LZEAdvantage(50, score_fn=lambda r: r / 2)
+    advantages, _ = adapter(signed, mask, index, prompt_index=rows)
+    assert torch.equal(advantages, verl_grpo_reference(signed, mask, index)[0])
+    plain = LZEAdvantage(50)
+    plain(rewards, mask, index, prompt_index=rows)
+    assert torch.equal(adapter.last.keep_mask, plain.last.keep_mask)
+
+
+def test_state_round_trips():
+    rewards, mask, index, rows = verl_batch(8, 4, seed=6)
+    adapter = LZEAdvantage(30)
+    adapter(rewards, mask, index, prompt_index=rows)
+    restored = LZEAdvantage(30)
+    restored.load_state_dict(adapter.state_dict())
+    assert torch.equal(restored.selector.state.fstate, adapter.selector.state.fstate)
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+def test_bad_inputs_raise_naming_the_argument():
+    rewards, mask, index, rows = verl_batch(4, 4)
+    adapter = LZEAdvantage(20)
+    with pytest.raises(ValueError, match="prompt_index"):
+        adapter(rewards, mask, index)  # LZE needs the dataset rows
+    mixed_rows = rows.copy()
+    mixed_rows[np.flatnonzero(index == index[0])[1]] = 1
+    with pytest.raises(ValueError, match="different dataset rows"):
+        adapter(rewards, mask, index, prompt_index=mixed_rows)
+    with pytest.raises(ValueError, match="prompt_index"):
+        adapter(rewards, mask, index, prompt_index=rows[:-1])
+    with pytest.raises(ValueError, match="index"):
+        adapter(rewards, mask, index[:-1], prompt_index=rows)
+    with pytest.raises(ValueError, match="response_mask"):
+        adapter(rewards, mask[:, :-1], index, prompt_index=rows)
+    with pytest.raises(ValueError, match="policy"):
+        LZEAdvantage(20, policy="top")
+
+
+# ----------------------------------------------------------------------------- registry
+
+
+@pytest.fixture
+def fake_verl(monkeypatch):
+    """verl's estimator registry (core_algos.register_adv_est / get_adv_estimator_fn)."""
+    registry = {}
+
+    def register_adv_est(name):
+        def decorator(fn):
+            if name in registry and registry[name] is not fn:
+                raise ValueError(f"Adv estimator {name} has already been registered")
+            registry[name] = fn
+            return fn
+        return decorator
+
+    core_algos = types.ModuleType("verl.trainer.ppo.core_algos")
+    core_algos.register_adv_est = register_adv_est
+    core_algos.get_adv_estimator_fn = registry.__getitem__
+    for name in ("verl", "verl.trainer", "verl.trainer.ppo"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "verl.trainer.ppo.core_algos", core_algos)
+    return core_algos
+
+
+def test_registers_under_a_name_and_takes_verls_registry_call(fake_verl):
+    adapter = LZEAdvantage(20)
+    adapter.register("lze_grpo")
+    estimator = fake_verl.get_adv_estimator_fn("lze_grpo")
+    rewards, mask, index, rows = verl_batch(4, 4, seed=2)
+    adapter.bind(rows)
+    # verl's compute_advantage, registry branch: these keyword arguments only.
+    advantages, returns = estimator(token_level_rewards=rewards, response_mask=mask,
+                                    config={"norm_adv_by_std_in_grpo": True}, index=index)
+    assert torch.equal(advantages, verl_grpo_reference(rewards, mask, index)[0])
+    assert adapter.last.keep_mask.shape == (16,)
+
+
+def test_register_without_verl_says_so(monkeypatch):
+    monkeypatch.setitem(sys.modules, "verl", None)
+    with pytest.raises(ImportError):
+        LZEAdvantage(5).register()
