@@ -1,11 +1,4 @@
-"""Rollout groups, how kept groups are spread over ranks, and the padded tensors of an update.
-
-Selection keeps or drops whole groups (SPEC 4: a group's advantages were computed on all of its
-responses, so cutting sequences out of a kept group would bias them; the LZE release does exactly
-that to fill mini-batches, this trainer does not). The kept groups are then balanced over ranks so
-every rank runs the same number of micro-batches (a DeepSpeed requirement: every backward takes
-part in collectives); where the count does not divide, ranks pad with zero-weight copies.
-"""
+"""Rollout groups and the padded tensors of an update's micro-batches."""
 
 from __future__ import annotations
 
@@ -28,31 +21,6 @@ class RolloutGroup:
     rewards: list[float]
     advantages: list[float] = field(default_factory=list)  # set after selection
     weight: float = 1.0  # 0 for padding copies
-
-
-def assign_kept_groups(kept_rows: Sequence[int], rows_per_shard: int, world_size: int,
-                       tp: int) -> list[list[int]]:
-    """Rows each rank trains on: the same count on every rank (ceil(K / W), padding marked -1),
-    groups staying on a rank of the engine that generated them where the quota allows.
-
-    Rank r belongs to rollout shard r // tp, which generated global rows
-    [shard * rows_per_shard, (shard + 1) * rows_per_shard)."""
-    per_rank = -(-len(kept_rows) // world_size)
-    quota = [len(kept_rows) // world_size + (1 if r < len(kept_rows) % world_size else 0)
-             for r in range(world_size)]
-    plan: list[list[int]] = [[] for _ in range(world_size)]
-    leftover = []
-    for row in kept_rows:
-        shard = row // rows_per_shard
-        local = [r for r in range(shard * tp, shard * tp + tp) if len(plan[r]) < quota[r]]
-        if local:  # the least loaded peer keeps tensor-parallel ranks balanced
-            plan[min(local, key=lambda r: len(plan[r]))].append(row)
-        else:
-            leftover.append(row)
-    for row in leftover:
-        rank = next(r for r in range(world_size) if len(plan[r]) < quota[r])
-        plan[rank].append(row)
-    return [rows + [-1] * (per_rank - len(rows)) for rows in plan]
 
 
 @dataclass

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Optional, Sequence
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 
@@ -32,7 +32,7 @@ class DataConfig:
     eval: list[str] = field(default_factory=list)  # held-out sets, same source forms
     prompt_key: Optional[str] = None  # question column (None: the source's known default)
     answer_key: Optional[str] = None  # ground-truth column (None: the source's known default)
-    prompt_template: str = "{question}"  # user turn; {question} is the prompt text
+    prompt_template: str = "{question}"  # user turn; only {question} is replaced, other braces (\\boxed{}) stay as written
     system_prompt: Optional[str] = None  # optional system turn
     max_prompt_tokens: int = 512  # longer prompts are an error at start-up (they would be truncated silently otherwise)
     train_limit: Optional[int] = None  # use only the first rows of the training set
@@ -62,7 +62,7 @@ class RolloutConfig:
 
 @dataclass
 class RewardConfig:
-    function: Optional[str] = None  # module:function scorer fn(response, ground_truth, data_source, meta) -> float
+    function: Optional[str] = None  # module:function, fn(response, ground_truth, data_source, meta: dict) -> float in [0, 1] (may call lze_trainer.reward.default_score)
     timeout_s: float = 5.0  # per-response limit; a scorer that exceeds it gives 0
     num_workers: int = 1  # scorer worker processes per rank
 
@@ -131,6 +131,7 @@ class TrainerConfig:
     wandb_project: Optional[str] = None  # also log to Weights & Biases
     save_hf_model: bool = True  # write the final policy as a Hugging Face checkpoint (run_dir/hf_model)
     progress_bar: bool = True  # tqdm bar on rank 0
+    dump_rollouts: bool = False  # write each step's prompts, rewards, kept groups and losses to run_dir/rollouts.jsonl
 
 
 @dataclass
@@ -200,7 +201,7 @@ def validate(c: Config) -> None:
                  "within [allocation_min, allocation_max] (the mean rollouts per prompt)", r.n)
     if c.trainer.stop_after_steps is not None:
         _require(1 <= c.trainer.stop_after_steps <= c.trainer.total_steps,
-                 "trainer.stop_after_steps", f"an int in [1, trainer.total_steps]",
+                 "trainer.stop_after_steps", "an int in [1, trainer.total_steps]",
                  c.trainer.stop_after_steps)
 
 

@@ -41,7 +41,7 @@ class MetricsLogger:
         self.tensorboard = self.wandb = self.bar = None
         if not enabled:
             return
-        _truncate_after(self.path, resume_step)
+        truncate_jsonl(self.path, resume_step)
         from torch.utils.tensorboard import SummaryWriter
 
         self.tensorboard = SummaryWriter(str(run_dir / "tensorboard"), purge_step=resume_step + 1)
@@ -91,18 +91,22 @@ class MetricsLogger:
             self.wandb.finish()
 
 
-def read_metrics(run_dir: Path) -> list[dict]:
-    path = Path(run_dir) / METRICS_FILE
+def read_jsonl(path: Path) -> list[dict]:
+    path = Path(path)
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def _truncate_after(path: Path, step: int) -> None:
+def read_metrics(run_dir: Path) -> list[dict]:
+    return read_jsonl(Path(run_dir) / METRICS_FILE)
+
+
+def truncate_jsonl(path: Path, step: int) -> None:
     """A resumed run rewrites the steps after its checkpoint: drop what the lost run logged."""
-    if path.exists():
-        kept = [r for r in read_metrics(path.parent) if r["step"] <= step]
-        path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    if Path(path).exists():
+        kept = [r for r in read_jsonl(path) if r["step"] <= step]
+        Path(path).write_text("".join(json.dumps(r) + "\n" for r in kept))
 
 
 def plot_run(run_dir: Path) -> Optional[Path]:

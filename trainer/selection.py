@@ -28,6 +28,11 @@ class Selection:
     pass_rate: torch.Tensor  # [B]
 
 
+def candidates_per_step(prune: bool, candidate_factor: float, batch_size: int) -> int:
+    """Prompts to draw per step: B, or more when the pruner may skip some."""
+    return math.ceil(batch_size * candidate_factor) if prune else batch_size
+
+
 class GroupSelector:
     def __init__(self, cfg, num_prompts: int, device: torch.device):
         s = cfg.selection
@@ -42,8 +47,7 @@ class GroupSelector:
         ), device=device, backend=s.backend)
 
     def num_candidates(self, batch_size: int) -> int:
-        """Prompts to draw per step: B, or more when the pruner may skip some."""
-        return math.ceil(batch_size * self.candidate_factor) if self.prune else batch_size
+        return candidates_per_step(self.prune, self.candidate_factor, batch_size)
 
     def choose_prompts(self, candidates: torch.Tensor, batch_size: int):
         """(prompt ids [B], whether each gets rollouts [B]): eligible candidates first (SPEC 5)."""

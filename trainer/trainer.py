@@ -10,6 +10,8 @@ loss is normalised by the kept tokens of all ranks.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import signal
 from dataclasses import asdict
@@ -22,15 +24,18 @@ import torch.distributed as dist
 from . import checkpoint, metrics, model_source, prompts
 from . import distributed as D
 from .actor import UPDATE_SUMS, Actor, Schedule, UpdateStats
-from .batch import RolloutGroup, assign_kept_groups, micro_batches, num_micro_batches
+from .batch import RolloutGroup
+from .dispatch import dispatch_kept_groups, update_batches
 from .config import Config, to_yaml
 from .data import PromptSampler
 from .evaluate import evaluate
-from .loss import Normaliser
 from .reward import RewardScorer
 from .rollout import SamplingSpec, build_engine
-from .selection import GroupSelector, Selection
+from .selection import GroupSelector, Selection, candidates_per_step
 from .warmup import warm_up
+
+
+ROLLOUTS_FILE = "rollouts.jsonl"
 
 
 class GRPOTrainer:
@@ -59,6 +64,7 @@ class GRPOTrainer:
         limit = cfg.data.max_prompt_tokens
         with self.startup("data"):
             self.train = prompts.tokenize("train", train_rows, self.tokenizer, limit)
+            _check_batch_fits(cfg, len(self.train))
             self.eval_sets = []
             for source in cfg.data.eval:
                 rows = prompts.load(source, cfg.data, cfg.data.eval_limit)
@@ -133,14 +139,14 @@ class GRPOTrainer:
                 scoring = self._score(groups)
             with timer("select"):
                 selection, kept_rows, gathered = self._select(prompt_ids, groups)
-            with timer("dispatch"):
-                mine = self._dispatch(groups, selection, kept_rows)
-            with timer("update"):
-                update = self._update(mine)
+            update = self._update(groups, selection, kept_rows, timer)
             with timer("sync"):
                 self.engine.load_weights(self.actor.named_weights())
-        return self._step_metrics(timer, groups, gathered, selection, kept_rows, scoring, update,
-                                  counts)
+        step_metrics = self._step_metrics(timer, groups, gathered, selection, kept_rows, scoring,
+                                          update, counts)
+        if self.cfg.trainer.dump_rollouts:
+            self._dump(prompt_ids, groups, gathered, kept_rows, step_metrics)
+        return step_metrics
 
     # ================================================================== 1. prompts
 
@@ -194,6 +200,9 @@ class GRPOTrainer:
         rewards = iter(result.rewards)
         for g in groups:
             g.rewards = [next(rewards) for _ in g.responses]
+        if result.first_error:
+            self.metrics.write(f"rank {self.world.rank}: {result.errors} scorer errors this step, "
+                               f"first: {result.first_error}")
         return {"reward/scorer_errors": D.all_reduce(result.errors),
                 "reward/scorer_timeouts": D.all_reduce(result.timeouts)}
 
@@ -204,15 +213,18 @@ class GRPOTrainer:
         to the host (the one sync of selection: the update needs them there)."""
         width = self._group_width()
         rewards = torch.zeros(len(groups), width, dtype=torch.float32)
-        valid = torch.zeros(len(groups), width, dtype=torch.bool)
+        lengths = torch.zeros(len(groups), width, dtype=torch.int32)
         for i, g in enumerate(groups):
             rewards[i, :len(g.rewards)] = torch.tensor(g.rewards, dtype=torch.float32)
-            valid[i, :len(g.rewards)] = True
-        rewards, valid = (self._gather_rows(t.to(self.world.device)) for t in (rewards, valid))
+            lengths[i, :len(g.responses)] = torch.tensor([len(c.token_ids) for c in g.responses],
+                                                         dtype=torch.int32)
+        valid = torch.arange(width) < torch.tensor([[len(g.responses)] for g in groups])
+        rewards, valid, lengths = (self._gather_rows(t.to(self.world.device))
+                                   for t in (rewards, valid, lengths))
         selection = self.selector.select(rewards, prompt_ids.to(self.world.device), valid, self.step)
         kept_rows = selection.keep_mask.nonzero().flatten().tolist()
         self.selector.raise_if_faulted()
-        return selection, kept_rows, (rewards.cpu(), valid.cpu())
+        return selection, kept_rows, (rewards.cpu(), valid.cpu(), lengths.cpu())
 
     def _group_width(self) -> int:
         r = self.cfg.rollout
@@ -228,56 +240,22 @@ class GRPOTrainer:
 
     # ================================================================== 5. update
 
-    def _dispatch(self, groups: list[RolloutGroup], selection: Selection,
-                  kept_rows: list[int]) -> list[RolloutGroup]:
-        """This rank's share of the kept groups with their advantages; groups that another engine
-        generated are sent by that engine's first rank; padding becomes zero-weight copies."""
-        plan = assign_kept_groups(kept_rows, self.rows_per_shard, self.world.size, self.tp)
-        advantages = selection.advantages.cpu()
-        local = {g.row: g for g in groups}
-        outgoing = {}
-        if self.world.rank % self.tp == 0:
-            for rank, rows in enumerate(plan):
-                if rank // self.tp != self.shard:
-                    outgoing.update({row: local[row] for row in rows if row in local})
-        received = {}
-        if self.world.size > self.tp:  # more than one engine: groups may change hands
-            for parcel in D.all_gather_object(outgoing):
-                received.update(parcel)
-        mine = []
-        for row in plan[self.world.rank]:
-            if row < 0:
-                mine.append(RolloutGroup(**{**vars(groups[0]), "weight": 0.0}))
-                continue
-            group = local.get(row) or received[row]
-            group.advantages = advantages[row, :len(group.responses)].tolist()
-            mine.append(group)
-        for g in mine:
-            if g.weight == 0.0:
-                g.advantages = [0.0] * len(g.responses)
-        return mine
-
-    def _update(self, groups: list[RolloutGroup]) -> UpdateStats:
-        a = self.cfg.actor
-        parts = [list(p) for p in np.array_split(np.arange(len(groups)), a.mini_batches) if len(p)]
-        batches, norms = [], []
-        for part in parts:
-            members = [groups[i] for i in part]
-            weighted = [g for g in members if g.weight > 0]
-            tokens, sequences = D.all_reduce_many(
-                [sum(len(c.token_ids) for g in weighted for c in g.responses),
-                 sum(len(g.responses) for g in weighted)])
-            count = D.all_reduce(num_micro_batches(members, a.micro_batch_size), "max")
-            norms.append(Normaliser(tokens, sequences, self.cfg.rollout.max_new_tokens))
-            batches.append(micro_batches(members, a.micro_batch_size, int(count),
-                                         self.actor.pad_id))
-        return self.actor.update(batches, norms)
+    def _update(self, groups: list[RolloutGroup], selection: Selection,
+                kept_rows: list[int], timer) -> UpdateStats:
+        with timer("dispatch"):
+            mine = dispatch_kept_groups(groups, selection.advantages.cpu(), kept_rows,
+                                        self.rows_per_shard, self.world, self.tp)
+        with timer("update"):
+            a = self.cfg.actor
+            batches, norms = update_batches(mine, a.mini_batches, a.micro_batch_size,
+                                            self.cfg.rollout.max_new_tokens, self.actor.pad_id)
+            return self.actor.update(batches, norms)
 
     # ================================================================== 6-7. log, eval, save
 
     def _step_metrics(self, timer, groups, gathered, selection: Selection, kept_rows: list[int],
                       scoring: dict, update: UpdateStats, counts: list[int]) -> dict[str, float]:
-        rewards, valid = gathered
+        rewards, valid, _ = gathered
         B = self.cfg.trainer.batch_size
         responded = valid.any(dim=1)
         sums = dict(zip(UPDATE_SUMS, D.all_reduce_tensor(update.sums).tolist()))
@@ -327,6 +305,25 @@ class GRPOTrainer:
         return {"response_length/mean": total / max(count, 1), "response_length/sum": total,
                 "response_length/clip_ratio": clipped / max(count, 1)}
 
+    def _dump(self, prompt_ids, groups, gathered, kept_rows, step_metrics) -> None:
+        """One JSON line per step (rank 0): what was rolled out, scored, kept and trained on,
+        with the responses of rank 0's engine as text (like verl's rollout_data_dir)."""
+        if not self.world.is_main:
+            return
+        rewards, valid, lengths = gathered
+        record = {
+            "step": self.step + 1,
+            "prompt_ids": prompt_ids.tolist(),
+            "rewards": [r[v].tolist() for r, v in zip(rewards, valid)],
+            "response_tokens": [n[v].tolist() for n, v in zip(lengths, valid)],
+            "kept_rows": kept_rows,
+            "pg_loss": step_metrics["actor/pg_loss"],
+            "update_tokens": step_metrics["actor/update_tokens"],
+            "responses": [[self.tokenizer.decode(c.token_ids) for c in g.responses] for g in groups],
+        }
+        with open(self.run_dir / ROLLOUTS_FILE, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
     def _due(self, every: int) -> bool:
         return every > 0 and self.step % every == 0
 
@@ -343,9 +340,13 @@ class GRPOTrainer:
         self.metrics.write(_eval_line(self.step, results))
 
     def _save(self) -> None:
+        selector_state = self.selector.state_dict()
+        checksums = D.all_gather_object(_checksum(selector_state))
+        if len(set(checksums)) != 1:  # the invariant all-gathered selection rests on
+            raise RuntimeError(f"ranks hold different selector states (checksums {checksums})")
         state = {"step": self.step, "sampler": self.sampler.state_dict(),
-                 "selector": self.selector.state_dict(), "totals": dict(self.totals),
-                 "config": self.config_dict}
+                 "selector": selector_state, "totals": dict(self.totals),
+                 "config": self.config_dict, "selector_checksums": checksums}
         checkpoint.save(self.actor.engine, self.run_dir, self.step, state,
                         self.cfg.trainer.keep_checkpoints, self.world.rank)
 
@@ -356,6 +357,8 @@ class GRPOTrainer:
         self.selector.load_state_dict(state["selector"])
         self.totals.update(state["totals"])
         self.engine.load_weights(self.actor.named_weights())
+        if self.world.is_main:
+            metrics.truncate_jsonl(self.run_dir / ROLLOUTS_FILE, self.step)
         self.metrics.write(f"resumed from {folder} at step {self.step}")
 
     def _resume_step(self) -> int:
@@ -382,10 +385,30 @@ class GRPOTrainer:
         self.stop_requested = True  # acted on at the end of the step, on every rank at once
 
 
+def _check_batch_fits(cfg: Config, rows: int) -> None:
+    """A step draws distinct prompts: B (and the pruner's candidates) cannot exceed the data."""
+    s = cfg.selection
+    drawn = candidates_per_step(s.prune, s.candidate_factor, cfg.trainer.batch_size)
+    if drawn > rows:
+        what = (f"trainer.batch_size x selection.candidate_factor = {drawn}" if s.prune
+                else f"trainer.batch_size = {drawn}")
+        raise ValueError(f"trainer.batch_size: {what} prompts per step, but data.train has only "
+                         f"{rows} rows")
+
+
 def _zero_std(rewards: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     high = torch.where(valid, rewards, -math.inf).amax(dim=1)
     low = torch.where(valid, rewards, math.inf).amin(dim=1)
     return high == low
+
+
+def _checksum(state: dict) -> str:
+    digest = hashlib.sha256()
+    for key in sorted(state):
+        value = state[key]
+        data = value.cpu().numpy().tobytes() if isinstance(value, torch.Tensor) else repr(value)
+        digest.update(key.encode() + (data if isinstance(data, bytes) else data.encode()))
+    return digest.hexdigest()
 
 
 def _plain(cfg: Config) -> dict:

