@@ -294,3 +294,12 @@ def test_score_arguments_and_close(scorer_module):
     assert live_workers() == []
     with pytest.raises(RuntimeError, match="after close"):
         scorer.score(["a"], rows_for(["a"]))
+
+
+def test_partial_credit_is_not_correctness():
+    from lze_trainer.reward import as_correctness
+
+    # reasoning-gym gives len(answer) / len(response) to a response that contains the answer.
+    assert as_correctness([1.0, 0.5, 0.01, 0.0], 1.0) == [1.0, 0.0, 0.0, 0.0]
+    assert as_correctness([0.6, 0.4], 0.5) == [1.0, 0.0]
+    assert as_correctness([0.25, 1.0], None) == [0.25, 1.0]

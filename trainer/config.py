@@ -65,6 +65,7 @@ class RewardConfig:
     function: Optional[str] = None  # module:function, fn(response, ground_truth, data_source, meta: dict) -> float in [0, 1] (may call lze_trainer.reward.default_score)
     timeout_s: float = 5.0  # per-response limit; a scorer that exceeds it gives 0
     num_workers: int = 1  # scorer worker processes per rank
+    correct_threshold: Optional[float] = 1.0  # reward >= this counts as correct (1), else 0; null keeps partial credit
 
 
 @dataclass
@@ -193,6 +194,8 @@ def validate(c: Config) -> None:
     _require(len(c.actor.betas) == 2 and all(0 <= b < 1 for b in c.actor.betas), "actor.betas",
              "two floats in [0, 1)", c.actor.betas)
     _require(c.reward.timeout_s > 0, "reward.timeout_s", "a float > 0", c.reward.timeout_s)
+    _require(c.reward.correct_threshold is None or 0 < c.reward.correct_threshold <= 1,
+             "reward.correct_threshold", "null or a float in (0, 1]", c.reward.correct_threshold)
     if c.rollout.allocation:
         r = c.rollout
         _require(1 <= r.allocation_min <= r.allocation_max, "rollout.allocation_min",

@@ -12,6 +12,7 @@ import math
 import time
 
 from . import distributed as D
+from .reward import as_correctness
 from .rollout import SamplingSpec
 
 
@@ -26,9 +27,9 @@ def evaluate(engine, eval_sets, scorer, tokenizer, cfg, world: D.World, shard: i
         mine = list(range(shard, len(prompt_set), engines))
         prompts = [prompt_set.token_ids[i] for i in mine]
         rows = [prompt_set.rows[i] for i in mine]
-        greedy = _accuracy_sums(engine, scorer, tokenizer, prompts, rows, 1,
+        greedy = _accuracy_sums(engine, scorer, tokenizer, cfg, prompts, rows, 1,
                                 SamplingSpec(0.0, 1.0, r.max_new_tokens), seed)
-        sampled = _accuracy_sums(engine, scorer, tokenizer, prompts, rows, r.eval_samples,
+        sampled = _accuracy_sums(engine, scorer, tokenizer, cfg, prompts, rows, r.eval_samples,
                                  SamplingSpec(r.eval_temperature, r.top_p, r.max_new_tokens), seed)
         sums = D.all_reduce_many([*greedy, *sampled] if leader else [0.0] * 4)
         n = len(prompt_set)
@@ -41,13 +42,14 @@ def evaluate(engine, eval_sets, scorer, tokenizer, cfg, world: D.World, shard: i
     return results
 
 
-def _accuracy_sums(engine, scorer, tokenizer, prompts, rows, samples: int, spec: SamplingSpec,
-                   seed: int) -> tuple[float, float]:
+def _accuracy_sums(engine, scorer, tokenizer, cfg, prompts, rows, samples: int,
+                   spec: SamplingSpec, seed: int) -> tuple[float, float]:
     """Sum over prompts of each prompt's mean reward, and of its square (for the error)."""
     completions = engine.generate(prompts, [samples] * len(prompts), spec, seed=seed)
     texts = [tokenizer.decode(c.token_ids, skip_special_tokens=True)
              for group in completions for c in group]
-    rewards = scorer.score(texts, [row for row in rows for _ in range(samples)]).rewards
+    rewards = as_correctness(scorer.score(texts, [row for row in rows for _ in range(samples)]).rewards,
+                             cfg.reward.correct_threshold)
     per_prompt = [sum(rewards[i * samples:(i + 1) * samples]) / samples for i in range(len(rows))]
     return sum(per_prompt), sum(p * p for p in per_prompt)
 

@@ -125,6 +125,7 @@ def plot_run(run_dir: Path) -> Optional[Path]:
                         and (k.endswith("/pass@1") or k.endswith("/sampled_acc"))})
     _plot_series(axes[1], rows, eval_keys, "held-out accuracy")
     _plot_series(axes[2], rows, ["sa/kept_ratio"], "kept ratio (groups in the update)")
+    axes[2].set_ylim(0, 1.05)
     for ax in axes:
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)

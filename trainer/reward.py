@@ -258,6 +258,17 @@ class _Worker:
         self.conn.close()
 
 
+def as_correctness(rewards: list[float], threshold: float | None) -> list[float]:
+    """1.0 where a reward reaches ``threshold``, else 0.0 (None: the rewards as they are).
+
+    Pass rates and held-out accuracy mean "answered correctly": partial credit, such as
+    reasoning-gym's ``len(answer) / len(response)`` for a response that merely contains the
+    answer, is not a correct answer (and a policy would learn to pad its answers for it)."""
+    if threshold is None:
+        return list(rewards)
+    return [1.0 if r >= threshold else 0.0 for r in rewards]
+
+
 class RewardScorer:
     """Scores batches of responses in ``num_workers`` processes with a per-response time limit.
 

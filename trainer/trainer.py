@@ -14,10 +14,12 @@ import hashlib
 import json
 import math
 import signal
+import time
 from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
+import psutil
 import torch
 import torch.distributed as dist
 
@@ -29,9 +31,10 @@ from .dispatch import dispatch_kept_groups, update_batches
 from .config import Config, to_yaml
 from .data import PromptSampler
 from .evaluate import evaluate
-from .reward import RewardScorer
+from .reward import RewardScorer, as_correctness
 from .rollout import SamplingSpec, build_engine
 from .selection import GroupSelector, Selection, candidates_per_step
+from .summary import run_summary
 from .warmup import warm_up
 
 
@@ -197,7 +200,7 @@ class GRPOTrainer:
                 texts.append(self.tokenizer.decode(c.token_ids, skip_special_tokens=True))
                 rows.append(self.train.rows[g.prompt_id])
         result = self.scorer.score(texts, rows)
-        rewards = iter(result.rewards)
+        rewards = iter(as_correctness(result.rewards, self.cfg.reward.correct_threshold))
         for g in groups:
             g.rewards = [next(rewards) for _ in g.responses]
         if result.first_error:
@@ -371,9 +374,9 @@ class GRPOTrainer:
         D.barrier()
         self.engine.close()
         if self.world.is_main:
-            plot = metrics.plot_run(self.run_dir)
-            self.metrics.write(f"metrics: {self.run_dir / metrics.METRICS_FILE}; TensorBoard: "
-                               f"{self.run_dir / 'tensorboard'}; plot: {plot}")
+            metrics.plot_run(self.run_dir)
+            wall = time.time() - psutil.Process().create_time()
+            self.metrics.write(run_summary(self.run_dir, wall))
         self.metrics.close()
 
     def _log_warmup(self, step: int, values: dict[str, float]) -> None:

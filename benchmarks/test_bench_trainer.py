@@ -1,0 +1,70 @@
+"""Where a GRPO step's time goes, per phase, and the share spent in selection (target < 1 %).
+
+Each case runs the trainer under ``torchrun --nproc_per_node=2`` for a few steps and reads the
+per-step ``timing_s/*`` metrics it logs (rank 0's clock; every phase ends in a collective, so the
+ranks agree to within the skew of the last one). Steps after the first are summarised by their
+median. ``timing_s/select`` is everything selection costs the step: the all-gather of the
+``[B, G]`` rewards, ``LZESelector.step`` (fused kernels) and reading the kept rows to the host.
+
+Cases: the ``tiny`` preset with each engine (steps of a fraction of a second, the worst case for
+the share), and the ``demo`` preset's model and batch (steps of seconds, as in real training).
+Results: ``benchmarks/results/trainer_phases.json`` and ``.md``.
+"""
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+from trainer_launch import tail, train  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+PHASES = ("prompts", "rollout", "reward", "select", "dispatch", "update", "sync", "step")
+STEPS = 8
+CASES = [  # (preset, engine, extra overrides)
+    ("tiny", "vllm", []),
+    ("tiny", "hf", []),
+    ("demo", "vllm", ["sft_warmup.steps=0", "rollout.max_new_tokens=16"]),
+]
+
+
+@pytest.mark.parametrize("preset, engine, extra", CASES, ids=[f"{p}-{e}" for p, e, _ in CASES])
+def test_trainer_step_phases(benchmark, tmp_path, preset, engine, extra):
+    run_dir = tmp_path / "run"
+
+    def run():
+        result = train(run_dir, f"rollout.engine={engine}", f"trainer.total_steps={STEPS}",
+                       "trainer.eval_every=0", "trainer.save_every=0",
+                       "trainer.save_hf_model=false", "data.eval=[]", *extra, preset=preset,
+                       timeout=1800)
+        assert result.returncode == 0, tail(result)
+
+    benchmark.pedantic(run, rounds=1, iterations=1)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "timing_s/step" in r and r["step"] > 1]  # step 1 warms up
+    summary = {f"{phase}_s": statistics.median(r[f"timing_s/{phase}"] for r in steps)
+               for phase in PHASES}
+    summary["select_share"] = statistics.median(r["timing_s/select_share"] for r in steps)
+    summary["kept_ratio"] = statistics.mean(r["sa/kept_ratio"] for r in steps)
+    summary.update(preset=preset, engine=engine, steps=len(steps))
+    benchmark.extra_info.update(summary)
+    _record(f"{preset}-{engine}", summary)
+
+
+def _record(case: str, summary: dict) -> None:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / "trainer_phases.json"
+    table = json.loads(path.read_text()) if path.exists() else {}
+    table[case] = summary
+    path.write_text(json.dumps(table, indent=2))
+    lines = ["| case | " + " | ".join(PHASES) + " | select share |",
+             "|---" * (len(PHASES) + 2) + "|"]
+    for name, s in sorted(table.items()):
+        cells = [f"{s[f'{p}_s'] * 1000:.1f} ms" for p in PHASES]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {100 * s['select_share']:.2f} % |")
+    (RESULTS / "trainer_phases.md").write_text(
+        "Median per-phase time of a GRPO step (2 ranks, steps 2-8)\n\n" + "\n".join(lines) + "\n")
