@@ -1,11 +1,11 @@
 """How kept groups are spread over ranks, and the tensors of a micro-batch."""
 
-import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lze_trainer.batch import RolloutGroup, assign_kept_groups, micro_batches, num_micro_batches
+from lze_trainer.batch import RolloutGroup, micro_batches, num_micro_batches
+from lze_trainer.dispatch import assign_kept_groups
 from lze_trainer.rollout import Completion
 
 
