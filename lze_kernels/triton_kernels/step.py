@@ -7,8 +7,13 @@ gathers/scatters one 16-byte state row per table and row: O(B G) work in one pas
 ``BLOCK_ROWS`` depends on where the kernel runs (:func:`tile_shape`):
 
 * GPU: ``min(256, 2048 // BLOCK_G)`` rows (at least 1), 8 warps: at most 8 rewards and one
-  row's state per thread, which keeps ptxas at <= ~128 registers without spills for every
-  ``BLOCK_G`` up to 4096 (see ``benchmarks/results/triton_resources.json``).
+  row's state per thread. ptxas then spills nothing for any ``BLOCK_G`` up to 4096, on sm_80
+  and sm_90, under Triton 3.7.1 (torch 2.13's pin) and 3.9.0, with at most 164 registers (see
+  ``benchmarks/results/triton_resources.json``). The advantages are divided right after the
+  group statistics and stored before the state update: each IEEE division (``div_rn``) has a
+  slow path that ptxas calls as a subroutine, and every value live across those calls must sit
+  in a preserved register or be spilled; divided after the state update, with its values
+  live, 3.7.1's PTX spilled on sm_80.
 * Interpreter: one big tile of ``65536 // BLOCK_G`` rows, capped at ``next_pow2(B)``: it pays
   per tensor operation, not per element.
 
@@ -83,7 +88,11 @@ def _row_faults(r, valid, prompt_ids, num_prompts):
 def _energy_update(p, first, d_init_before, ema_before, streak_before,
                    beta, one_minus_beta, d_min, alpha, prune_after):
     """SPEC 3 and 5 for one row, in the operation order of ``csrc/lze_math.h``."""
-    d_init = tl.where(first, tl.maximum(1.0 - p, d_min), d_init_before)
+    # The interpreter passes float arguments as Python floats, and one below fp32's normal range
+    # (d_min = 1e-300) becomes an fp64 constant, which Triton 3.7's interpreted tl.maximum
+    # carries into the fp32 tile. The cast gives the value a compiled kernel receives (the JIT
+    # types float arguments fp32): a no-op there.
+    d_init = tl.where(first, tl.maximum(1.0 - p, tl.cast(d_min, tl.float32)), d_init_before)
     momentum = tl.where(first, 0.0, tl.minimum(2.0 * tl.abs(p - ema_before), 1.0))
     uncertainty = (4.0 * p) * (1.0 - p)
     energy = (d_init * uncertainty) * (1.0 + alpha * momentum)
@@ -116,6 +125,8 @@ def _lze_step_kernel(
     if valid_ptr is not None:  # None is a compile-time constant: all rollouts valid
         valid = valid & (tl.load(valid_ptr + offsets, mask=in_tile, other=0) != 0)
     count, mean, centred, std = _group_stats(r, valid)
+    # Divided here, while few values are live (the module docstring says why).
+    scaled = tl.where(norm_by_std != 0, tl.div_rn(centred, std[:, None] + eps), centred)
     prompt_ids = tl.load(prompt_ids_ptr + rows, mask=row_in_batch, other=0)
     faults = _row_faults(r, valid, prompt_ids, num_prompts)
 
@@ -127,6 +138,8 @@ def _lze_step_kernel(
     active = claimable & ~duplicate
     faults = faults | tl.where(duplicate, _FAULT_DUPLICATE, 0)
     tl.atomic_or(fault_ptr + rows * 0, faults, mask=faults != 0)
+    advantages = tl.where((active & (count >= 2))[:, None], scaled, 0.0)
+    tl.store(advantages_ptr + offsets, advantages, mask=in_tile)
 
     fields = tl.arange(0, _NUM_FIELDS)
     state_offsets = slot[:, None] * _NUM_FIELDS + fields[None, :]
@@ -146,9 +159,6 @@ def _lze_step_kernel(
              pack4(seen + 1, streak, flags, tl.zeros_like(seen) + stamp),
              mask=row_mask)
 
-    scaled = tl.where(norm_by_std != 0, tl.div_rn(centred, std[:, None] + eps), centred)
-    advantages = tl.where((active & (count >= 2))[:, None], scaled, 0.0)
-    tl.store(advantages_ptr + offsets, advantages, mask=in_tile)
     tl.store(pass_rate_ptr + rows, p, mask=row_in_batch)
     tl.store(energy_ptr + rows, energy, mask=row_in_batch)
     tl.store(momentum_ptr + rows, momentum, mask=row_in_batch)
