@@ -34,7 +34,12 @@ def new_state(num_prompts: int, device="cpu") -> SelectorState:
 
 def grpo_advantages(rewards: torch.Tensor, valid: Optional[torch.Tensor] = None,
                     eps: float = 1e-6, norm_by_std: bool = True) -> torch.Tensor:
-    """[B, G] GRPO per-sequence advantages (SPEC 2, verl semantics)."""
+    """[B, G] GRPO per-sequence advantages ``(r - mean) / (std + eps)`` over the valid rollouts of
+    each row (SPEC 2: verl semantics, unbiased std), or ``r - mean`` with ``norm_by_std=False``.
+
+    One difference from verl: a row with a single valid rollout gets ``A = 0`` here, where
+    verl's ``compute_grpo_outcome_advantage`` (mean 0, std 1 for a group of one) gives
+    ``A = r / (1 + eps)``. Rows without valid rollouts and invalid entries get 0."""
     return reference.grpo_advantages(group_stats(rewards, valid), eps, norm_by_std)
 
 

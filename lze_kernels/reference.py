@@ -77,7 +77,13 @@ def grpo_advantages(
 ) -> torch.Tensor:
     """Per-sequence GRPO advantages ``(r - mean) / (std + eps)`` (Shao et al., 2024, DeepSeekMath),
     or ``r - mean`` without the std (Dr. GRPO, Liu et al., 2025). Rows with fewer than two
-    valid rollouts and invalid entries get 0. Shape ``[B, G]``: never broadcast to tokens here."""
+    valid rollouts and invalid entries get 0. Shape ``[B, G]``: never broadcast to tokens here.
+
+    Differs from verl in one case: verl's ``compute_grpo_outcome_advantage`` gives a group of
+    one rollout mean 0 and std 1, i.e. ``A = r / (1 + eps)`` (``r`` without the std), a raw
+    reward with no baseline; here (SPEC 2) such a row gets ``A = 0``, as a group without a
+    second rollout carries no relative signal. Everything else (unbiased std, eps outside the
+    square root, ``norm_by_std=False`` as verl's ``norm_adv_by_std_in_grpo=False``) matches."""
     adv = stats.centred / (stats.std[:, None] + eps) if norm_by_std else stats.centred
     return torch.where((stats.count >= 2)[:, None], adv, 0.0)
 
