@@ -1,10 +1,13 @@
 // pybind11 bindings of the C ABI (csrc/lze_kernels.h, csrc/cuda/lze_cuda.h). Compiled once per
 // backend module: LZE_BIND_CPU for the C++ CPU kernels, LZE_BIND_CUDA for the CUDA kernels
 // (built by nvcc, or by g++ against the CUDA emulator). Tensors cross as data pointers (ints) so
-// the build needs no torch; lze_kernels/native.py owns the torch side (shapes, dtypes, streams).
+// the build needs no torch; lze_kernels/native.py owns the torch side (shapes, dtypes, streams,
+// thread counts).
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <cstdint>
+#include <utility>
 
 #if defined(LZE_BIND_CPU)
 #include "lze_kernels.h"
@@ -23,6 +26,22 @@ T* as_ptr(std::uintptr_t address) {
   return reinterpret_cast<T*>(address);
 }
 
+// The launchers' last argument: the CPU kernels' thread budget, as a (max_threads, adaptive)
+// tuple, or the CUDA stream.
+#if defined(LZE_BIND_CPU)
+using LaunchArg = std::pair<int32_t, bool>;
+#define LZE_STEP lze_step_cpu
+#define LZE_TOPK lze_topk_cpu
+lze::ThreadBudget launch_arg(LaunchArg budget) {
+  return lze::ThreadBudget{budget.first, budget.second ? 1 : 0};
+}
+#else
+using LaunchArg = std::uintptr_t;
+#define LZE_STEP lze_step_cuda
+#define LZE_TOPK lze_topk_cuda
+void* launch_arg(LaunchArg stream) { return as_ptr<void>(stream); }
+#endif
+
 lze::Params make_params(float beta, float one_minus_beta, float d_min, float alpha, float eps,
                         bool norm_by_std, int32_t prune_after) {
   return lze::Params{beta, one_minus_beta, d_min, alpha, eps, norm_by_std ? 1 : 0, prune_after};
@@ -33,40 +52,22 @@ int step(std::uintptr_t rewards, int32_t rewards_dtype, std::uintptr_t valid,
          std::uintptr_t istate, std::uintptr_t step_counter, std::uintptr_t advantages,
          std::uintptr_t pass_rate, std::uintptr_t energy, std::uintptr_t momentum,
          std::uintptr_t fault, float beta, float one_minus_beta, float d_min, float alpha,
-         float eps, bool norm_by_std, int32_t prune_after, std::uintptr_t stream) {
+         float eps, bool norm_by_std, int32_t prune_after, LaunchArg launch) {
   const lze::Params params =
       make_params(beta, one_minus_beta, d_min, alpha, eps, norm_by_std, prune_after);
-#if defined(LZE_BIND_CPU)
-  (void)stream;
-  return lze_step_cpu(
-#else
-  return lze_step_cuda(
-#endif
-      as_ptr<const void>(rewards), rewards_dtype, as_ptr<const uint8_t>(valid),
-      as_ptr<const int64_t>(prompt_ids), B, G, N, as_ptr<float>(fstate), as_ptr<int32_t>(istate),
-      as_ptr<int64_t>(step_counter), as_ptr<float>(advantages), as_ptr<float>(pass_rate),
-      as_ptr<float>(energy), as_ptr<float>(momentum), as_ptr<int32_t>(fault), params
-#if defined(LZE_BIND_CUDA)
-      , as_ptr<void>(stream)
-#endif
-  );
+  return LZE_STEP(as_ptr<const void>(rewards), rewards_dtype, as_ptr<const uint8_t>(valid),
+                  as_ptr<const int64_t>(prompt_ids), B, G, N, as_ptr<float>(fstate),
+                  as_ptr<int32_t>(istate), as_ptr<int64_t>(step_counter),
+                  as_ptr<float>(advantages), as_ptr<float>(pass_rate), as_ptr<float>(energy),
+                  as_ptr<float>(momentum), as_ptr<int32_t>(fault), params, launch_arg(launch));
 }
 
 int topk(std::uintptr_t energy, int64_t B, int64_t k, float noise_scale, uint32_t seed,
          std::uintptr_t step_counter, std::uintptr_t keep_mask, std::uintptr_t kept_indices,
-         std::uintptr_t num_kept, std::uintptr_t stream) {
-#if defined(LZE_BIND_CPU)
-  (void)stream;
-  return lze_topk_cpu(
-#else
-  return lze_topk_cuda(
-#endif
-      as_ptr<const float>(energy), B, k, noise_scale, seed, as_ptr<const int64_t>(step_counter),
-      as_ptr<uint8_t>(keep_mask), as_ptr<int64_t>(kept_indices), as_ptr<int64_t>(num_kept)
-#if defined(LZE_BIND_CUDA)
-      , as_ptr<void>(stream)
-#endif
-  );
+         std::uintptr_t num_kept, LaunchArg launch) {
+  return LZE_TOPK(as_ptr<const float>(energy), B, k, noise_scale, seed,
+                  as_ptr<const int64_t>(step_counter), as_ptr<uint8_t>(keep_mask),
+                  as_ptr<int64_t>(kept_indices), as_ptr<int64_t>(num_kept), launch_arg(launch));
 }
 
 }  // namespace

@@ -9,6 +9,17 @@
 
 #include "lze_math.h"
 
+namespace lze {
+
+// How many threads a CPU kernel may use (cpu/parallel.h); it uses fewer for small batches.
+struct ThreadBudget {
+  int32_t max_threads;  // the most threads, the calling one included
+  int32_t adaptive;     // nonzero: each call runs on max_threads or on the caller alone,
+                        // whichever has been faster lately (lze_cpu::ThreadChoice)
+};
+
+}  // namespace lze
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -23,7 +34,8 @@ extern "C" {
 int lze_step_cpu(const void* rewards, int32_t rewards_dtype, const uint8_t* valid,
                  const int64_t* prompt_ids, int64_t B, int64_t G, int64_t N, float* fstate,
                  int32_t* istate, int64_t* step_counter, float* advantages, float* pass_rate,
-                 float* energy, float* momentum, int32_t* fault, lze::Params params);
+                 float* energy, float* momentum, int32_t* fault, lze::Params params,
+                 lze::ThreadBudget threads);
 
 // Top-k of rows by energy (SPEC 4). Candidates are rows with energy > 0. With noise_scale > 0
 // each candidate's score gets Gumbel noise keyed by (seed, step_counter[0], row).
@@ -31,7 +43,7 @@ int lze_step_cpu(const void* rewards, int32_t rewards_dtype, const uint8_t* vali
 // num_kept [1] int64 = min(k, #candidates). Requires 1 <= k <= B.
 int lze_topk_cpu(const float* energy, int64_t B, int64_t k, float noise_scale, uint32_t seed,
                  const int64_t* step_counter, uint8_t* keep_mask, int64_t* kept_indices,
-                 int64_t* num_kept);
+                 int64_t* num_kept, lze::ThreadBudget threads);
 
 #ifdef __cplusplus
 }

@@ -6,8 +6,9 @@ Every backend exposes the same two functions with the semantics of :mod:`lze_ker
 * ``topk(energy, k, noise_scale, seed, step_counter) -> Selection`` (one launch)
 
 ``auto`` picks ``cuda`` (else ``triton``) for GPU tensors and ``cpu`` for CPU tensors, falling back
-to ``torch`` when an extension is missing. The environment variable ``LZE_BACKEND`` overrides
-``auto``. ``cuda_emulated`` runs the CUDA kernel sources on CPU threads (test support).
+to ``torch`` when an extension is missing, with a warning (once per device type) naming what is
+missing. The environment variable ``LZE_BACKEND`` overrides ``auto``. ``cuda_emulated`` runs the
+CUDA kernel sources on CPU threads (test support).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import warnings
+from pathlib import Path
 
 import torch
 
@@ -62,6 +65,10 @@ class TritonBackend:
         return True
 
     @staticmethod
+    def unavailable_reason() -> str:
+        return "triton cannot be imported (pip install triton)"
+
+    @staticmethod
     def step(rewards, valid, prompt_ids, state, params):
         return importlib.import_module("lze_kernels.triton_kernels").step(
             rewards, valid, prompt_ids, state, params
@@ -83,6 +90,7 @@ class _Native:
         self.device_types = (backend.device_type,)
         self.step = backend.step
         self.topk = backend.topk
+        self.unavailable_reason = backend.unavailable_reason
 
     def available(self) -> bool:
         return self._backend.available()
@@ -118,8 +126,9 @@ def resolve(name: str, device) -> object:
             raise ValueError(f"LZE_BACKEND: expected one of {list(NAMES[1:])}, got {name!r}")
     backend = BACKENDS[name]
     if not backend.available():
-        raise ValueError(f"backend: {name!r} is not available in this installation "
-                         f"(available on {device}: {available_backends(device)})")
+        raise ValueError(f"backend: {name!r} is not available in this installation: "
+                         f"{backend.unavailable_reason()} (available on {device}: "
+                         f"{available_backends(device)})")
     if not supports(backend, device):
         raise ValueError(f"backend: {name!r} cannot run on device {device} "
                          f"(it runs on {list(backend.device_types)})")
@@ -131,4 +140,25 @@ def _auto_name(device: torch.device) -> str:
     for name in preference:
         if BACKENDS[name].available() and supports(BACKENDS[name], device):
             return name
+    _warn_slow_fallback(device, [BACKENDS[name] for name in preference])
     return "torch"
+
+
+# Device types whose fallback to the reference was already reported.
+_warned_fallbacks: set[str] = set()
+
+
+def _warn_slow_fallback(device: torch.device, missing) -> None:
+    """Tell the user, once per device type, that ``auto`` runs the slow reference and why."""
+    if device.type in _warned_fallbacks:
+        return
+    _warned_fallbacks.add(device.type)
+    reasons = "; ".join(backend.unavailable_reason() for backend in missing)
+    warnings.warn(
+        f"lze_kernels: backend='auto' falls back to the PyTorch reference on {device.type} "
+        f"tensors, about 10x slower than the fused kernels: {reasons}. Build the compiled "
+        f"modules with `pip install -e .` (or `make build`) in the source tree; after a "
+        f"non-editable `pip install .`, a source tree without the built modules shadows the "
+        f"installed package when Python runs from its root (lze_kernels was imported from "
+        f"{Path(__file__).parent}). Pass backend='torch' to choose the reference explicitly.",
+        RuntimeWarning, stacklevel=5)  # the caller of LZESelector(...) / ops.*

@@ -1,7 +1,8 @@
 """Torch custom ops over the compiled backends (``_lze_cpu``, ``_lze_cuda``, ``_lze_cuda_emu``).
 
 The compiled modules take raw pointers (``csrc/bindings.cpp``); this module owns the torch side:
-output allocation, dtype codes, the current CUDA stream, and the fake (meta) implementations
+output allocation, dtype codes, the current CUDA stream or the CPU thread budget, and the fake
+(meta) implementations
 that let ``torch.compile`` trace through the ops and CUDA graphs capture them. Each compiled
 module becomes one :class:`NativeBackend` with two ops, ``lze_kernels::step_<name>`` and
 ``lze_kernels::topk_<name>``.
@@ -26,17 +27,14 @@ _STATE_ARGS = ("fstate", "istate", "step_counter", "fault")
 
 
 def load_module(name: str):
-    """The compiled module ``lze_kernels.<name>``, or None when it was not built.
+    """The compiled module ``lze_kernels.<name>``; ImportError when it was not built.
 
     ``LZE_EXTENSION_DIR`` points at another build of the modules to load instead (e.g. the
     coverage-instrumented build of tools/emu_gcov.sh)."""
     override = os.environ.get("LZE_EXTENSION_DIR")
-    try:
-        if override:
-            return _load_from(Path(override), name)
-        return importlib.import_module(f"lze_kernels.{name}")
-    except ImportError:
-        return None
+    if override:
+        return _load_from(Path(override), name)
+    return importlib.import_module(f"lze_kernels.{name}")
 
 
 def _load_from(directory: Path, name: str):
@@ -53,6 +51,21 @@ def _no_stream(device: torch.device) -> int:
     return 0
 
 
+def cpu_thread_budget(device: Optional[torch.device] = None) -> tuple[int, bool]:
+    """(max_threads, adaptive) for the C++ CPU kernels (``csrc/cpu/parallel.h``).
+
+    ``LZE_NUM_THREADS=n`` runs every call on n threads (fewer for small batches). Unset, a
+    call runs on ``torch.get_num_threads()`` threads (which follows ``OMP_NUM_THREADS`` and
+    ``torch.set_num_threads``) or on the calling thread alone, whichever has been faster
+    lately, so the kernels fall back to one thread when the other cores are busy."""
+    value = os.environ.get("LZE_NUM_THREADS", "")
+    if not value:
+        return torch.get_num_threads(), True
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"LZE_NUM_THREADS: expected an int >= 1, got {value!r}")
+    return int(value), False
+
+
 def _cuda_stream(device: torch.device) -> int:
     return torch.cuda.current_stream(device).cuda_stream
 
@@ -66,23 +79,34 @@ def _check_status(status: int, what: str) -> None:
 class NativeBackend:
     """A compiled module exposed as two torch custom ops with fake implementations."""
 
-    def __init__(self, name: str, module_name: str, device_type: str, stream_of=_no_stream):
+    def __init__(self, name: str, module_name: str, device_type: str, launch_arg=_no_stream):
         self.name = name
         self.module_name = module_name
         self.device_type = device_type
-        self._stream_of = stream_of
+        # The launchers' last argument, from the device: the CUDA stream, or the CPU threads.
+        self._launch_arg = launch_arg
         self._module = None
+        self._import_error: Optional[ImportError] = None
         self._step_op = self._define_step_op()
         self._topk_op = self._define_topk_op()
 
     @property
     def module(self):
-        if self._module is None:
-            self._module = load_module(self.module_name)
+        """The compiled module, or None when it cannot be imported (tried once)."""
+        if self._module is None and self._import_error is None:
+            try:
+                self._module = load_module(self.module_name)
+            except ImportError as error:
+                self._import_error = error
         return self._module
 
     def available(self) -> bool:
         return self.module is not None
+
+    def unavailable_reason(self) -> str:
+        """Why :meth:`available` is False, naming the module (for warnings and errors)."""
+        return (f"the compiled module lze_kernels.{self.module_name} is missing "
+                f"({self._import_error})")
 
     # -- the two ops --------------------------------------------------------------------------
 
@@ -123,7 +147,7 @@ class NativeBackend:
                 batch, group, fstate.shape[0] - 1, fstate.data_ptr(), istate.data_ptr(),
                 step_counter.data_ptr(), adv.data_ptr(), pass_rate.data_ptr(),
                 energy.data_ptr(), momentum.data_ptr(), fault.data_ptr(), beta, one_minus_beta,
-                d_min, alpha, eps, norm_by_std, prune_after, self._stream_of(rewards.device),
+                d_min, alpha, eps, norm_by_std, prune_after, self._launch_arg(rewards.device),
             )
             _check_status(status, f"step ({self.name})")
             return outputs
@@ -146,7 +170,7 @@ class NativeBackend:
             status = self.module.topk(
                 energy.data_ptr(), energy.shape[0], k, noise_scale, seed,
                 step_counter.data_ptr(), keep_mask.data_ptr(), kept.data_ptr(),
-                num_kept.data_ptr(), self._stream_of(energy.device),
+                num_kept.data_ptr(), self._launch_arg(energy.device),
             )
             _check_status(status, f"topk ({self.name})")
             return outputs
@@ -176,7 +200,7 @@ def _empty_topk_outputs(energy: Tensor, k: int):
     )
 
 
-CPU = NativeBackend("cpu", "_lze_cpu", "cpu")
-CUDA = NativeBackend("cuda", "_lze_cuda", "cuda", stream_of=_cuda_stream)
+CPU = NativeBackend("cpu", "_lze_cpu", "cpu", launch_arg=cpu_thread_budget)
+CUDA = NativeBackend("cuda", "_lze_cuda", "cuda", launch_arg=_cuda_stream)
 # The CUDA kernel sources compiled with g++ against csrc/emu/cuda_emu.h: CPU tensors, CUDA code.
 CUDA_EMULATED = NativeBackend("cuda_emulated", "_lze_cuda_emu", "cpu")

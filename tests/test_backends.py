@@ -206,6 +206,57 @@ def test_duplicate_ids_are_detected(backend_name, params):
     assert state.istate[[3, 5, 9], L.SEEN].tolist() == [1, 1, 1]
 
 
+@pytest.mark.parametrize("threads", ["1", "3", "8", ""])  # "": adaptive, torch's thread count
+def test_cpu_thread_counts_give_the_reference_exactly(threads, params, monkeypatch):
+    """The C++ backend split into tasks over 1 to 8 threads (more than the cores here), with
+    duplicates and faults in different tasks: identical outputs, state and fault bits."""
+    if not dispatch.BACKENDS["cpu"].available():
+        pytest.skip("cpu backend not built")
+    monkeypatch.setenv("LZE_NUM_THREADS", threads)
+    gen = torch.Generator().manual_seed(11)
+    batch, group, num_prompts = 40_000, 4, 90_000
+    state = SelectorState.empty(num_prompts, "cpu")
+    for step in range(3):
+        ids = torch.randperm(num_prompts, generator=gen)[:batch]
+        ids[[30_000, 39_999]] = ids[[5, 20_000]]  # later rows repeat ids of earlier tasks
+        rewards = binary_rewards(batch, group, gen)
+        rewards[[100, 25_000], 1] = float("nan")
+        ids[12_345] = num_prompts + step  # out of range
+        valid = ragged_valid(batch, group, gen) if step == 1 else None
+        (got, got_sel, state), (want, want_sel, ref_state) = run_both(
+            "cpu", rewards, valid, ids, state, params, num_keep(batch, 0.4), 0.05, step)
+        assert_stats_equal(got, want)
+        assert_selection_equal(got_sel, want_sel)
+        assert_states_equal(state, ref_state)
+    assert state.fault.item() == (L.FAULT_ID_OUT_OF_RANGE | L.FAULT_DUPLICATE_ID
+                                  | L.FAULT_NONFINITE_REWARD)
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "two"])
+def test_bad_thread_count_is_a_clear_error(value, params, monkeypatch):
+    if not dispatch.BACKENDS["cpu"].available():
+        pytest.skip("cpu backend not built")
+    monkeypatch.setenv("LZE_NUM_THREADS", value)
+    with pytest.raises(ValueError, match="LZE_NUM_THREADS: expected an int >= 1"):
+        dispatch.BACKENDS["cpu"].step(torch.ones(2, 2), None, torch.arange(2),
+                                      SelectorState.empty(2, "cpu"), params)
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+@pytest.mark.parametrize("d_min", [1e-300, 1e-40])
+def test_parameters_below_fp32_normal_range(backend_name, d_min):
+    """Tiny float parameters (an fp64 constant in the Triton interpreter) round to fp32 as the
+    reference rounds them: to 0 below fp32's subnormals, to a subnormal otherwise."""
+    params = KernelParams.from_config(LZEConfig(d_min=d_min, beta=1e-300, alpha=1e-300))
+    rewards = torch.tensor([[1.0, 1.0], [0.0, 1.0], [1.0, 1.0], [0.0, 0.0]])
+    state = SelectorState.empty(4, "cpu")
+    (got, got_sel, state), (want, want_sel, ref_state) = run_both(
+        backend_name, rewards, None, torch.arange(4), state, params, 2)
+    assert_stats_equal(got, want)
+    assert_states_equal(state, ref_state)
+    assert state.fstate[0, L.D_INIT].item() == torch.tensor(d_min, dtype=torch.float32).item()
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 @pytest.mark.parametrize("backend_name", BACKENDS)

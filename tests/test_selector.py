@@ -1,10 +1,13 @@
 """The user-facing LZESelector: API, backends, checkpoints, bad input."""
 
+import sys
+import warnings
+
 import pytest
 import torch
 
 from conftest import binary_rewards, ragged_valid
-from lze_kernels import LZEConfig, LZESelector, available_backends, ops
+from lze_kernels import LZEConfig, LZESelector, available_backends, dispatch, native, ops
 from lze_kernels import layout as L
 
 CPU_BACKENDS = [b for b in ("torch", "cpu", "cuda_emulated", "triton")
@@ -39,6 +42,41 @@ def test_auto_picks_cpu_kernels_for_cpu_tensors_and_env_overrides(monkeypatch):
     monkeypatch.setenv("LZE_BACKEND", "bogus")
     with pytest.raises(ValueError, match="LZE_BACKEND"):
         LZESelector(10)
+
+
+@pytest.fixture
+def without_cpu_module(monkeypatch):
+    """A source tree without the built _lze_cpu: importing it fails, nothing warned yet."""
+    monkeypatch.setitem(sys.modules, "lze_kernels._lze_cpu", None)  # import raises ImportError
+    monkeypatch.setattr(native.CPU, "_module", None)
+    monkeypatch.setattr(native.CPU, "_import_error", None)
+    monkeypatch.setattr(dispatch, "_warned_fallbacks", set())
+    monkeypatch.delenv("LZE_BACKEND", raising=False)
+    monkeypatch.delenv("LZE_EXTENSION_DIR", raising=False)
+
+
+def test_auto_warns_once_when_it_falls_back_to_the_reference(without_cpu_module):
+    with pytest.warns(RuntimeWarning, match=r"lze_kernels\._lze_cpu is missing.*"
+                                            r"`pip install -e \.` \(or `make build`\)") as record:
+        sel = LZESelector(10)
+    assert sel.backend == "torch"
+    assert len(record) == 1 and record[0].filename == __file__  # points at the caller
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once: neither a second selector nor the ops warn again
+        LZESelector(10)
+        ops.topk_mask(torch.ones(4), k=2)
+
+
+def test_explicit_cpu_backend_without_its_module_is_an_error(without_cpu_module):
+    with pytest.raises(ValueError, match=r"backend: 'cpu' is not available.*lze_kernels\._lze_cpu"):
+        LZESelector(10, backend="cpu")
+
+
+@pytest.mark.skipif("cpu" not in available_backends("cpu"), reason="_lze_cpu not built")
+def test_auto_with_the_compiled_module_does_not_warn():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert LZESelector(10).backend == "cpu"
 
 
 def test_unavailable_or_wrong_device_backend_is_a_clear_error():

@@ -1,15 +1,16 @@
 // C++ CPU kernel of the fused LZE step (SPEC 2, 3, 5): per-row statistics, GRPO advantages,
 // Learning-Zone Energy and the per-prompt state update, matching lze_kernels/reference.py.
 //
-// The step runs in two phases inside one OpenMP region:
-//  1. rows, split by batch position: statistics, advantages, fault bits, and the energy each
-//     claimable row would get from the state as it was before the step (state is only read);
-//  2. state, split by prompt id: phase 1 hands each claimable row to the thread that owns its id
-//     (a list per pair of threads), and each owner commits its rows in batch order. The first
-//     row carrying an id claims it (claim = stamp); a later row with the same id finds the stamp
-//     and is a duplicate, exactly the reference's "earlier row wins", with no atomics and no two
-//     threads writing the same state row.
-// Duplicates are rare (a caller bug), so their outputs are zeroed afterwards.
+// The step runs as two jobs of tasks (cpu/parallel.h), the second after the first has finished:
+//  1. row tasks, each a range of batch positions: statistics, advantages, fault bits, and the
+//     energy each claimable row would get from the state as it was before the step (state is
+//     only read);
+//  2. owner tasks, each a range of prompt ids: phase 1 hands each claimable row to the owner of
+//     its id (a list per row task and owner), and each owner commits its rows in batch order.
+//     The first row carrying an id claims it (claim = stamp); a later row with the same id finds
+//     the stamp and is a duplicate, exactly the reference's "earlier row wins", with no atomics
+//     and no two tasks writing the same state row. Duplicates are rare (a caller bug); their
+//     outputs, written by phase 1, are zeroed by the owner, the only task that reads them.
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -21,8 +22,8 @@ namespace {
 
 using lze_cpu::Range;
 
-// Rows per cache line of the [B] fp32 outputs: thread boundaries on multiples of this keep
-// threads off each other's lines. Also a multiple of the 4 state rows in a 64-byte line.
+// Rows per cache line of the [B] fp32 outputs: task boundaries on multiples of this keep
+// tasks off each other's lines. Also a multiple of the 4 state rows in a 64-byte line.
 constexpr int64_t kLineRows = 16;
 
 struct RowStats {
@@ -172,37 +173,49 @@ int32_t process_row(const StepArgs& a, int64_t row, int64_t G) {
   return kClaimable;
 }
 
-// Claimable rows found by each phase-1 thread, one list per owner of their prompt ids:
-// lists[finder * threads + owner], each in batch order.
+// Rows per phase-1 task when threads share the step: small enough that a thread the OS
+// schedules late leaves little for the others to wait on, large enough to amortise a claim.
+constexpr int64_t kTaskRows = 1024;
+// Phase-2 tasks per thread: ids are random, so equal id ranges carry about equal work.
+constexpr int64_t kOwnersPerThread = 4;
+
+// Claimable rows found by each row task, one list per owner of their prompt ids:
+// lists[row_task * owners + owner], each in batch order.
 using RowLists = std::vector<std::vector<int64_t>>;
 
-// The phase-2 threads split the ids [0, N) by thread_range; ends[t] is where thread t's stop.
-std::vector<int64_t> owner_ends(int64_t N, int threads) {
-  std::vector<int64_t> ends(threads);
-  for (int t = 0; t < threads; ++t) ends[t] = lze_cpu::thread_range(N, t, threads, kLineRows).end;
-  return ends;
-}
+struct TaskSplit {
+  int64_t row_tasks;
+  int64_t owners;
+  std::vector<int64_t> owner_ends;  // owner o holds the ids [owner_ends[o - 1], owner_ends[o])
 
-// The phase-2 thread that owns the in-range prompt `id`.
-inline int owner_of(int64_t id, const std::vector<int64_t>& ends) {
-  int owner = 0;
-  while (id >= ends[owner]) ++owner;
-  return owner;
-}
+  TaskSplit(int64_t B, int64_t N, int threads)
+      : row_tasks(threads > 1 ? std::max<int64_t>(1, B / kTaskRows) : 1),
+        owners(threads > 1 ? threads * kOwnersPerThread : 1),
+        owner_ends(owners) {
+    for (int64_t o = 0; o < owners; ++o) {
+      owner_ends[o] = lze_cpu::task_range(N, o, owners, kLineRows).end;
+    }
+  }
+
+  // The owner of the in-range prompt `id`.
+  int64_t owner_of(int64_t id) const {
+    return std::upper_bound(owner_ends.begin(), owner_ends.end(), id) - owner_ends.begin();
+  }
+};
 
 // Phase 1 on rows [r.begin, r.end); returns the fault bits seen and appends each claimable row
 // to `lists[owner]`. kG > 0 fixes G at compile time (the common G = 16), which lets the
 // compiler unroll the loops over a row completely.
 template <int32_t kDType, bool kMasked, int64_t kG>
-int32_t process_rows(const StepArgs& a, Range r, int threads, std::vector<int64_t>* lists) {
+int32_t process_rows(const StepArgs& a, Range r, const TaskSplit& split,
+                     std::vector<int64_t>* lists) {
   const int64_t G = kG > 0 ? kG : a.G;
-  const std::vector<int64_t> ends = owner_ends(a.N, threads);
   int32_t faults = 0;
   for (int64_t row = r.begin; row < r.end; ++row) {
     prefetch_state(a, row + kPrefetchRows, Range{0, a.N});
     const int32_t fault = process_row<kDType, kMasked>(a, row, G);
     if (fault == kClaimable) {
-      lists[owner_of(a.prompt_ids[row], ends)].push_back(row);
+      lists[split.owner_of(a.prompt_ids[row])].push_back(row);
     } else {
       faults |= fault;
     }
@@ -211,9 +224,9 @@ int32_t process_rows(const StepArgs& a, Range r, int threads, std::vector<int64_
 }
 
 // Phase 2 on the claimable rows of one owner, in batch order: commits the first row of each id
-// and appends later rows with the same id to `duplicates`.
-void commit_states(const StepArgs& a, const std::vector<int64_t>& rows,
-                   std::vector<int64_t>& duplicates) {
+// and zeroes the outputs of later rows with the same id; returns whether there were any.
+bool commit_states(const StepArgs& a, const std::vector<int64_t>& rows) {
+  bool duplicates = false;
   const int64_t n = static_cast<int64_t>(rows.size());
   for (int64_t j = 0; j < n; ++j) {
     if (j + kPrefetchRows < n) prefetch_state(a, rows[j + kPrefetchRows], Range{0, a.N});
@@ -224,47 +237,47 @@ void commit_states(const StepArgs& a, const std::vector<int64_t>& rows,
     // a GPU) also refuses a prompt stamped by a later step (a state restored under an older
     // step counter).
     if (is[lze::kClaim] >= a.stamp) {
-      duplicates.push_back(row);
+      zero_row(a, row);
+      duplicates = true;
       continue;
     }
     store_state(a, id, next_state_of(a, row).next);
   }
+  return duplicates;
+}
+
+inline void record_faults(int32_t* fault, int32_t faults) {
+  if (faults != 0) __atomic_fetch_or(fault, faults, __ATOMIC_RELAXED);
 }
 
 template <int32_t kDType, bool kMasked, int64_t kG>
-void run_step(const StepArgs& a, RowLists& lists, int32_t* fault) {
-#pragma omp parallel if (a.B >= lze_cpu::kParallelMinRows)
-  {
-    const int threads = lze_cpu::thread_count(), index = lze_cpu::thread_index();
-#pragma omp single
-    {
-      lists.resize(static_cast<size_t>(threads) * threads);
-      for (auto& list : lists) list.clear();  // keeps the capacity of earlier calls
+void run_step(const StepArgs& a, int threads, RowLists& lists, int32_t* fault) {
+  const TaskSplit split(a.B, a.N, threads);
+  lists.resize(static_cast<size_t>(split.row_tasks * split.owners));
+  for (auto& list : lists) list.clear();  // keeps the capacity of earlier calls
+  lze_cpu::parallel_tasks(split.row_tasks, threads, [&](int64_t task) {
+    const Range rows = lze_cpu::task_range(a.B, task, split.row_tasks, kLineRows);
+    record_faults(fault, process_rows<kDType, kMasked, kG>(a, rows, split,
+                                                           &lists[task * split.owners]));
+  });
+  // Row tasks in order hold ascending row ranges, so each owner commits in batch order.
+  lze_cpu::parallel_tasks(split.owners, threads, [&](int64_t owner) {
+    bool duplicates = false;
+    for (int64_t task = 0; task < split.row_tasks; ++task) {
+      duplicates |= commit_states(a, lists[task * split.owners + owner]);
     }
-    const Range rows = lze_cpu::thread_range(a.B, index, threads, kLineRows);
-    int32_t faults = process_rows<kDType, kMasked, kG>(a, rows, threads, &lists[index * threads]);
-#pragma omp barrier
-    // Finders in thread order hold ascending row ranges, so this is batch order.
-    std::vector<int64_t> duplicates;
-    for (int finder = 0; finder < threads; ++finder) {
-      commit_states(a, lists[finder * threads + index], duplicates);
-    }
-#pragma omp barrier
-    // Phase 1 wrote these rows' outputs; every thread is past it, so zeroing them is race-free.
-    for (const int64_t row : duplicates) zero_row(a, row);
-    if (!duplicates.empty()) faults |= lze::kFaultDuplicateId;
-    if (faults != 0) __atomic_fetch_or(fault, faults, __ATOMIC_RELAXED);
-  }
+    record_faults(fault, duplicates ? lze::kFaultDuplicateId : 0);
+  });
 }
 
 template <int32_t kDType>
-void run_step_dtype(const StepArgs& a, RowLists& lists, int32_t* fault) {
+void run_step_dtype(const StepArgs& a, int threads, RowLists& lists, int32_t* fault) {
   if (a.valid != nullptr) {
-    run_step<kDType, true, 0>(a, lists, fault);
+    run_step<kDType, true, 0>(a, threads, lists, fault);
   } else if (a.G == 16) {
-    run_step<kDType, false, 16>(a, lists, fault);
+    run_step<kDType, false, 16>(a, threads, lists, fault);
   } else {
-    run_step<kDType, false, 0>(a, lists, fault);
+    run_step<kDType, false, 0>(a, threads, lists, fault);
   }
 }
 
@@ -274,18 +287,23 @@ extern "C" int lze_step_cpu(const void* rewards, int32_t rewards_dtype, const ui
                             const int64_t* prompt_ids, int64_t B, int64_t G, int64_t N,
                             float* fstate, int32_t* istate, int64_t* step_counter,
                             float* advantages, float* pass_rate, float* energy, float* momentum,
-                            int32_t* fault, lze::Params params) {
+                            int32_t* fault, lze::Params params, lze::ThreadBudget threads) {
+  if (rewards_dtype != lze::kF32 && rewards_dtype != lze::kBF16 && rewards_dtype != lze::kF16) {
+    return 1;
+  }
   // Owned by the calling thread and kept across calls, so that the lists reach their size once.
   thread_local RowLists lists;
+  static lze_cpu::ThreadChoice choice;
   const StepArgs args{rewards,    valid,     prompt_ids, B,      G,        N,
                       fstate,     istate,    advantages, pass_rate, energy, momentum,
                       static_cast<int32_t>(step_counter[0] + 1), params};
-  switch (rewards_dtype) {
-    case lze::kF32: run_step_dtype<lze::kF32>(args, lists, fault); break;
-    case lze::kBF16: run_step_dtype<lze::kBF16>(args, lists, fault); break;
-    case lze::kF16: run_step_dtype<lze::kF16>(args, lists, fault); break;
-    default: return 1;
-  }
+  choice.run(threads, B, B * G + 1, [&](int team) {
+    switch (rewards_dtype) {
+      case lze::kF32: run_step_dtype<lze::kF32>(args, team, lists, fault); break;
+      case lze::kBF16: run_step_dtype<lze::kBF16>(args, team, lists, fault); break;
+      default: run_step_dtype<lze::kF16>(args, team, lists, fault); break;
+    }
+  });
   step_counter[0] += 1;
   return 0;
 }

@@ -26,12 +26,12 @@ struct CandidateExtent {
   int64_t count;
 };
 
+// A single streaming pass: too little work per row to share between threads.
 CandidateExtent candidate_extent(const float* energy, int64_t B) {
   float hi = -std::numeric_limits<float>::infinity();
   float lo = std::numeric_limits<float>::infinity();
   int64_t count = 0;
-#pragma omp parallel for simd if (B >= lze_cpu::kParallelMinRows) \
-    reduction(max : hi) reduction(min : lo) reduction(+ : count)
+#pragma omp simd reduction(max : hi) reduction(min : lo) reduction(+ : count)
   for (int64_t row = 0; row < B; ++row) {
     const float e = energy[row];
     const bool candidate = e > 0.0f;
@@ -41,6 +41,9 @@ CandidateExtent candidate_extent(const float* energy, int64_t B) {
   }
   return CandidateExtent{hi, lo, count};
 }
+
+// Rows per task of the parallel key loop: a few tasks per thread (see cpu/parallel.h).
+constexpr int64_t kTaskRows = 4096;
 
 // Standard Gumbel draws of rows [first_row, first_row + n), n <= kNoiseBlock. Cloned per ISA:
 // Philox's 32x32->64-bit multiplies and lze::log_nonnegative vectorise well with AVX2/AVX-512,
@@ -72,11 +75,15 @@ void block_keys(const float* energy, float scale, uint32_t seed, uint32_t step,
 }
 
 void selection_keys(const float* energy, int64_t B, float scale, uint32_t seed, uint32_t step,
-                    uint64_t* keys) {
-#pragma omp parallel for schedule(static) if (B >= lze_cpu::kParallelMinRows)
-  for (int64_t first_row = 0; first_row < B; first_row += kNoiseBlock) {
-    block_keys(energy, scale, seed, step, first_row, std::min(kNoiseBlock, B - first_row), keys);
-  }
+                    uint64_t* keys, int threads) {
+  const int64_t tasks = threads > 1 ? (B + kTaskRows - 1) / kTaskRows : 1;
+  lze_cpu::parallel_tasks(tasks, threads, [&](int64_t task) {
+    const lze_cpu::Range rows = lze_cpu::task_range(B, task, tasks, kNoiseBlock);
+    for (int64_t first_row = rows.begin; first_row < rows.end; first_row += kNoiseBlock) {
+      block_keys(energy, scale, seed, step, first_row,
+                 std::min(kNoiseBlock, rows.end - first_row), keys);
+    }
+  });
 }
 
 // Complemented keys of the candidates, in row order.
@@ -143,18 +150,16 @@ uint64_t* radix_sort_scores(uint64_t* keys, uint64_t* spare, int64_t n) {
   return keys;
 }
 
-}  // namespace
-
-extern "C" int lze_topk_cpu(const float* energy, int64_t B, int64_t k, float noise_scale,
-                            uint32_t seed, const int64_t* step_counter, uint8_t* keep_mask,
-                            int64_t* kept_indices, int64_t* num_kept) {
-  if (k < 1 || k > B) return 1;
+// The whole selection on up to `threads` threads.
+void select_top_k(const float* energy, int64_t B, int64_t k, float noise_scale, uint32_t seed,
+                  const int64_t* step_counter, uint8_t* keep_mask, int64_t* kept_indices,
+                  int64_t* num_kept, int threads) {
   const CandidateExtent extent = candidate_extent(energy, B);
   const int64_t kept = std::min(k, extent.count);
   std::fill_n(keep_mask, B, uint8_t{0});
   std::fill_n(kept_indices + kept, k - kept, int64_t{-1});
   num_kept[0] = kept;
-  if (kept == 0) return 0;
+  if (kept == 0) return;
 
   const float scale = noise_scale > 0.0f
                           ? lze::gumbel_scale(noise_scale, extent.max_energy, extent.min_energy)
@@ -164,7 +169,8 @@ extern "C" int lze_topk_cpu(const float* energy, int64_t B, int64_t k, float noi
   thread_local std::vector<uint64_t> keys, spare;
   keys.resize(B);
   spare.resize(B);
-  selection_keys(energy, B, scale, seed, static_cast<uint32_t>(step_counter[0]), keys.data());
+  selection_keys(energy, B, scale, seed, static_cast<uint32_t>(step_counter[0]), keys.data(),
+                 threads);
   const int64_t n = gather_candidates(keys.data(), B, spare.data());
   const int64_t m = select_smallest(spare.data(), n, kept);
   // keys[] is free again: it is the second sort buffer.
@@ -174,5 +180,19 @@ extern "C" int lze_topk_cpu(const float* energy, int64_t B, int64_t k, float noi
     kept_indices[j] = row;
     keep_mask[row] = 1;
   }
+}
+
+}  // namespace
+
+extern "C" int lze_topk_cpu(const float* energy, int64_t B, int64_t k, float noise_scale,
+                            uint32_t seed, const int64_t* step_counter, uint8_t* keep_mask,
+                            int64_t* kept_indices, int64_t* num_kept,
+                            lze::ThreadBudget threads) {
+  if (k < 1 || k > B) return 1;
+  static lze_cpu::ThreadChoice choice;
+  choice.run(threads, B, B, [&](int team) {
+    select_top_k(energy, B, k, noise_scale, seed, step_counter, keep_mask, kept_indices,
+                 num_kept, team);
+  });
   return 0;
 }

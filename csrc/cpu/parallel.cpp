@@ -1,0 +1,151 @@
+// The helper pool behind lze_cpu::parallel_tasks (parallel.h).
+//
+// Claiming: `next_` packs (job generation << 32 | next task index). A thread claims a task with a
+// compare-and-swap that also checks the generation, so a helper waking up late from an earlier
+// job can never claim (or run) a task of a later one; only after a successful claim does it read
+// the job's task function, which stays alive until the caller has seen every task finish.
+// Helpers hold no reference to a job they have not claimed from, so the caller never waits for
+// a helper that is not running.
+#include "cpu/parallel.h"
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <system_error>
+#include <thread>
+
+namespace lze_cpu {
+namespace {
+
+using Task = std::function<void(int64_t)>;
+
+class Pool {
+ public:
+  // Never destroyed: helpers sleep in it until the process exits (joining them from a static
+  // destructor could hang at exit, e.g. in a forked child, which has no helpers at all and
+  // simply runs every task on the caller).
+  static Pool& instance() {
+    static Pool* const pool = new Pool();
+    return *pool;
+  }
+
+  void run(int64_t tasks, int threads, const Task& task) {
+    std::unique_lock<std::mutex> job(job_mutex_, std::try_to_lock);
+    const int helpers = job.owns_lock() && tasks > 1 ? start_helpers(threads - 1) : 0;
+    if (helpers == 0) {
+      for (int64_t i = 0; i < tasks; ++i) task(i);
+      return;
+    }
+    uint32_t generation;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      generation = ++generation_;
+      joining_ = helpers;
+      task_.store(&task, std::memory_order_relaxed);
+      tasks_.store(tasks, std::memory_order_relaxed);
+      finished_.store(0, std::memory_order_relaxed);
+      next_.store(uint64_t{generation} << 32, std::memory_order_release);
+    }
+    wake_.notify_all();
+    work(generation);
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_.wait(lock, [&] { return finished_.load(std::memory_order_acquire) == tasks; });
+  }
+
+ private:
+  Pool() = default;
+
+  // Starts helpers up to `wanted` (kept for later jobs); returns how many take part.
+  int start_helpers(int wanted) {
+    for (; num_helpers_ < wanted; ++num_helpers_) {
+      try {
+        std::thread([this, index = num_helpers_] { helper_loop(index); }).detach();
+      } catch (const std::system_error&) {
+        break;  // no more threads to be had: run with the helpers there are
+      }
+    }
+    return wanted < num_helpers_ ? wanted : num_helpers_;
+  }
+
+  void helper_loop(int index) {
+    uint32_t seen = 0;
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      wake_.wait(lock, [&] { return generation_ != seen; });
+      seen = generation_;
+      if (index >= joining_) continue;  // this job wants fewer helpers
+      lock.unlock();
+      work(seen);
+      lock.lock();
+    }
+  }
+
+  // Claims and runs tasks of job `generation` until none is left.
+  void work(uint32_t generation) {
+    uint64_t state = next_.load(std::memory_order_acquire);
+    for (;;) {
+      if (static_cast<uint32_t>(state >> 32) != generation) return;
+      const int64_t index = static_cast<int64_t>(state & 0xFFFFFFFFu);
+      const int64_t tasks = tasks_.load(std::memory_order_relaxed);
+      if (index >= tasks) return;
+      if (!next_.compare_exchange_weak(state, state + 1, std::memory_order_acq_rel)) continue;
+      (*task_.load(std::memory_order_relaxed))(index);
+      if (finished_.fetch_add(1, std::memory_order_acq_rel) + 1 == tasks) {
+        std::lock_guard<std::mutex> lock(mutex_);  // the caller checks under this lock
+        done_.notify_one();
+      }
+      state = next_.load(std::memory_order_acquire);
+    }
+  }
+
+  std::mutex job_mutex_;  // one job at a time; held by its caller
+  std::mutex mutex_;      // guards generation_ and joining_, and the two condition variables
+  std::condition_variable wake_;
+  std::condition_variable done_;
+  uint32_t generation_ = 0;
+  int joining_ = 0;  // helpers 0 .. joining_ - 1 take part in the current job
+  std::atomic<uint64_t> next_{0};
+  std::atomic<const Task*> task_{nullptr};
+  std::atomic<int64_t> tasks_{0};
+  std::atomic<int64_t> finished_{0};
+  int num_helpers_ = 0;  // started (detached) helpers; guarded by job_mutex_
+};
+
+}  // namespace
+
+double ThreadChoice::History::median() const {
+  std::array<double, kSamples> sorted;
+  std::copy(cost, cost + kSamples, sorted.begin());
+  std::nth_element(sorted.begin(), sorted.begin() + kSamples / 2, sorted.end());
+  return sorted[kSamples / 2];
+}
+
+bool ThreadChoice::pick() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++calls_;
+  // Measure both first: the team, then the caller alone.
+  if (history_[1].count < kSamples) return true;
+  if (history_[0].count < kSamples) return false;
+  const bool team_is_faster = history_[1].median() <= history_[0].median();
+  return calls_ % kProbeInterval == 0 ? !team_is_faster : team_is_faster;
+}
+
+void ThreadChoice::record(bool team, double cost) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  History& h = history_[team ? 1 : 0];
+  h.cost[h.next] = cost;
+  h.next = (h.next + 1) % kSamples;
+  if (h.count < kSamples) ++h.count;
+}
+
+void parallel_tasks(int64_t tasks, int threads, const std::function<void(int64_t)>& task) {
+  if (threads <= 1 || tasks <= 1) {
+    for (int64_t i = 0; i < tasks; ++i) task(i);
+    return;
+  }
+  Pool::instance().run(tasks, threads, task);
+}
+
+}  // namespace lze_cpu
