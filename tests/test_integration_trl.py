@@ -5,6 +5,10 @@ position in the group (``PATTERNS``), never on the generated text, so solved, un
 groups all occur and every selection is known in advance, even across a resume.
 """
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -241,6 +245,62 @@ def test_dropped_groups_leave_the_gradient_unchanged(loss_trainer, generation_ba
         assert torch.equal(x, y)
 
 
+def two_process_gradients(out_path, model_dir):
+    """Under torchrun (2 processes): one generation batch of LAYOUTS["uneven"], rank 0 holding
+    groups 0-2 (1 kept) and rank 1 groups 3-5 (2 kept); per loss type the DDP-averaged gradient
+    of one micro-step. Rank 0 saves them with the weights and every kept row."""
+    import torch.distributed as dist
+
+    trainer = make_trainer(model_dir, None, trainer_cls=VariableLengthTrainer,
+                           config=make_config(os.path.dirname(out_path),
+                                              per_device_train_batch_size=3 * G),
+                           lze_config=LZEConfig(keep_ratio=0.5, noise_scale=0.0))
+    trainer.model.double().train()
+    trainer.current_gradient_accumulation_steps = 1
+    rank = dist.get_rank()
+    local = LAYOUTS["uneven"][3 * rank: 3 * rank + 3]
+    batch = trainer._generate_and_score_completions(
+        [{"prompt": PROMPTS[row], "lze_index": row} for row in local for _ in range(G)])
+    gradients = {}
+    for loss_type in LOSS_TYPES:
+        trainer.loss_type = loss_type
+        trainer.model.zero_grad(set_to_none=True)
+        trainer._compute_loss(trainer.model, batch).backward()
+        gradients[loss_type] = [p.grad / 2 for p in trainer.model.parameters()]
+        for grad in gradients[loss_type]:
+            dist.all_reduce(grad)  # what DDP does: the mean over processes
+    kept = {key: value[batch["lze_keep"]] for key, value in batch.items()
+            if isinstance(value, torch.Tensor) and value.dim() > 0 and key != "lze_keep"}
+    every_kept = [None, None]
+    dist.all_gather_object(every_kept, kept)
+    if rank == 0:
+        kept = {key: torch.cat([part[key] for part in every_kept]) for key in kept}
+        torch.save({"weights": trainer.model.state_dict(), "gradients": gradients,
+                    "kept": kept}, out_path)
+
+
+@pytest.mark.slow  # two processes under torchrun: about 40 s
+def test_two_processes_give_the_gradient_of_trl_on_the_kept_groups(model_dir, tmp_path):
+    out_path = str(tmp_path / "two_processes.pt")
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                    __file__, out_path, model_dir], check=True, timeout=900,
+                   stdout=subprocess.DEVNULL)
+    result = torch.load(out_path, weights_only=True)
+    batch = result["kept"]  # the 3 kept groups, on one process
+    batch["num_items_in_batch"] = batch["completion_mask"].sum()
+    trainer = make_trainer(model_dir, tmp_path, trainer_cls=GRPOTrainer)  # one process, GA 1
+    trainer.model.double().train()
+    trainer.model.load_state_dict(result["weights"])
+    trainer.current_gradient_accumulation_steps = 1
+    for loss_type in LOSS_TYPES:
+        if loss_type == "bnpo":  # kept rows are uneven across the processes (see above)
+            continue
+        trainer.loss_type = loss_type
+        reference = gradient(trainer, trainer._compute_loss, [batch])
+        for mine, theirs in zip(result["gradients"][loss_type], reference):
+            assert (mine - theirs).norm() <= 1e-6 * theirs.norm(), loss_type
+
+
 def test_num_items_in_batch_counts_kept_tokens_only(generation_batches):
     batch = generation_batches["uneven"]
     assert len(set(batch["completion_mask"].sum(1).tolist())) == 6  # VariableLengthTrainer
@@ -314,3 +374,7 @@ def test_training_checkpoint_and_resume_reproduce_the_selection(model_dir, tmp_p
         assert torch.equal(final["selector"][key], again["selector"][key])
     assert final["selector"]["epoch"] == again["selector"]["epoch"] == 3
     assert torch.equal(final["planner"]["order"], again["planner"]["order"])
+
+
+if __name__ == "__main__":  # the processes of test_two_processes_give_the_gradient_of_trl_...
+    two_process_gradients(sys.argv[1], sys.argv[2])

@@ -1,9 +1,10 @@
 """``LZEGRPOTrainer``: TRL's ``GRPOTrainer`` training only on the prompt groups LZE (or DAPO) keeps.
 
-Checked against trl 1.16.0. It overrides five of TRL's methods and leaves generation, rewards,
-advantages and the loss formulas to TRL:
+Checked against trl 1.16.0. It overrides these methods and leaves generation, rewards, advantages
+and the loss formulas to TRL:
 
-* ``_generate_and_score_completions``: after TRL has scored a generation batch, runs the policy on
+* ``_calculate_rewards`` (to keep TRL's gathered rewards) and ``_generate_and_score_completions``:
+  after TRL has scored a generation batch, runs the policy on
   the global ``[B, G]`` rewards (TRL gathers them from every process; each group is ``G =
   num_generations`` consecutive completions) with the dataset row of each prompt as its id. Every
   process runs the same step on the same gathered rewards, so the selector state stays identical
@@ -17,16 +18,19 @@ advantages and the loss formulas to TRL:
 
   - ``dapo``, ``cispo``, ``vespo`` normalise by ``num_items_in_batch``, the global kept-token
     count: weight 1.
-  - ``grpo``, ``sapo``, ``luspo``, ``dr_grpo`` average over a micro-batch's sequences; TRL's shuffle
-    spreads kept rows unevenly over micro-batches and processes, so each micro-batch is weighted
-    by ``kept_here * steps_per_generation * num_processes / kept_in_generation_batch`` (1 when
-    every group is kept, or with one micro-batch on one process).
-  - ``bnpo`` averages over a micro-batch's tokens and gets the same sequence-share weight: exact
-    when kept rows are spread evenly, otherwise the token means of micro-batches are weighted by
-    their share of kept sequences.
+  - ``grpo``, ``sapo``, ``luspo``, ``dr_grpo`` average over a micro-batch's rows; TRL's shuffle
+    spreads kept rows unevenly over micro-batches and processes, so a micro-batch of ``rows``
+    rows is weighted by ``rows * steps_per_generation * num_processes / kept_in_generation``
+    (1 when every group is kept, or with one micro-batch on one process).
+  - ``bnpo`` averages over a micro-batch's tokens; its weight counts the kept rows only (padding
+    below does not reach a token mean): exact when kept rows are spread evenly, otherwise each
+    micro-batch's token mean is weighted by its share of the kept completions.
 
-  A micro-batch with no kept row still runs one (fully masked) row with weight 0, so that every
-  process does one forward and backward per micro-step, as DDP and DeepSpeed require.
+  Every process feeds TRL's loss the same number of rows, the most kept rows of any process (at
+  least one), padding with rows masked out of the loss: TRL gathers per-row metrics across
+  processes, and DDP and DeepSpeed need a forward and backward on every process each micro-step.
+  A process with no kept row in the micro-batch gets weight 0.
+* ``_set_signature_columns_if_needed``: keeps the index column when ``remove_unused_columns``.
 * ``_get_train_sampler``: the forward pruner (``policy="lze"``, ``prune=True``), see
   :mod:`.sampler`.
 * ``_save_checkpoint`` / ``_load_optimizer_and_scheduler`` (where TRL itself keeps extra state):
@@ -91,8 +95,11 @@ class LZEGRPOTrainer(GRPOTrainer):
         self.lze_selector: Optional[LZESelector] = None
         self.lze_planner: Optional[EpochPlanner] = None
         if policy == "lze":
-            self.lze_selector = LZESelector(len(train_dataset), lze_config,
-                                            device=self.accelerator.device, backend=lze_backend)
+            # The device tensors report (accelerate says "cpu:0" for CPU processes; CPU
+            # tensors are on "cpu"): the selector checks its inputs' device by equality.
+            device = torch.empty(0, device=self.accelerator.device).device
+            self.lze_selector = LZESelector(len(train_dataset), lze_config, device=device,
+                                            backend=lze_backend)
             if prune:
                 self.lze_planner = EpochPlanner(self.lze_selector, self.args.seed,
                                                 self.shuffle_dataset)
@@ -185,21 +192,29 @@ class LZEGRPOTrainer(GRPOTrainer):
         kept_in_generation = int(inputs[KEPT_KEY])
         batch = {key: value for key, value in inputs.items() if key not in (KEEP_KEY, KEPT_KEY)}
         rows = keep.nonzero().squeeze(1)
-        kept_here = rows.numel()
-        if kept_here == 0:
-            batch = without_loss_tokens(take_rows(batch, rows.new_zeros(1), keep.shape[0]))
-        else:
-            batch = take_rows(batch, rows, keep.shape[0])
-        weight = self._micro_batch_weight(kept_here, kept_in_generation)
+        width = self._rows_per_process(rows.numel())
+        batch = take_kept_rows(batch, rows, width, keep.shape[0])
+        weight = self._micro_batch_weight(rows.numel(), width, kept_in_generation)
         return super()._compute_loss(model, batch) * weight
 
-    def _micro_batch_weight(self, kept_here: int, kept_in_generation: int) -> float:
+    def _rows_per_process(self, kept_here: int) -> int:
+        """Rows every process feeds TRL's loss in this micro-step: the most kept rows of any
+        process, at least one. TRL's loss gathers per-row metrics across processes (equal
+        shapes needed) and DDP/DeepSpeed need a forward and backward on every process."""
+        counts = self.accelerator.gather(torch.tensor([kept_here], device=self.accelerator.device))
+        return max(int(counts.max()), 1)
+
+    def _micro_batch_weight(self, kept_here: int, width: int, kept_in_generation: int) -> float:
         if kept_here == 0:
             return 0.0
         if self.loss_type in GLOBAL_TOKEN_LOSSES:
             return 1.0
+        # Kept-only TRL would put kept_in_generation / (steps_per_generation * num_processes)
+        # rows in each micro-batch. The sequence means divide by all `width` rows (padding
+        # included); bnpo's token mean ignores the padding, so it is weighted by its real rows.
+        rows = kept_here if self.loss_type == "bnpo" else width
         share = self.args.steps_per_generation * self.accelerator.num_processes
-        return kept_here * share / kept_in_generation
+        return rows * share / kept_in_generation
 
     # ------------------------------------------------------------------------- checkpoints
 
@@ -220,7 +235,7 @@ class LZEGRPOTrainer(GRPOTrainer):
             logger.warning("%s has no %s: the LZE selector starts from scratch", checkpoint,
                            STATE_FILE)
             return
-        self.load_lze_state_dict(torch.load(path, map_location=self.accelerator.device,
+        self.load_lze_state_dict(torch.load(path, map_location=self.lze_selector.device,
                                             weights_only=True))
 
     def lze_state_dict(self) -> dict:
@@ -269,6 +284,10 @@ def take_rows(batch: dict, rows: torch.Tensor, num_rows: int) -> dict:
     return out
 
 
-def without_loss_tokens(batch: dict) -> dict:
-    """The batch with every completion token masked out of the loss."""
-    return {**batch, "completion_mask": torch.zeros_like(batch["completion_mask"])}
+def take_kept_rows(batch: dict, rows: torch.Tensor, width: int, num_rows: int) -> dict:
+    """The kept ``rows`` of a micro-batch, padded to ``width`` rows masked out of the loss."""
+    padding = rows.new_zeros(width - rows.numel())
+    out = take_rows(batch, torch.cat([rows, padding]), num_rows)
+    real = torch.arange(width, device=rows.device) < rows.numel()
+    out["completion_mask"] = out["completion_mask"] * real[:, None]
+    return out
