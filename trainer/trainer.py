@@ -43,11 +43,9 @@ ROLLOUTS_FILE = "rollouts.jsonl"
 
 class GRPOTrainer:
     def __init__(self, cfg: Config, world: D.World):
-        from transformers import AutoTokenizer
-
         self.cfg, self.world = cfg, world
         self.run_dir = Path(cfg.trainer.run_dir)
-        self.config_dict = {**_plain(cfg), "world_size": world.size}
+        self.config_dict = {**asdict(cfg), "world_size": world.size}
         self.resume_from = checkpoint.find_resume_folder(self.run_dir, cfg.trainer.resume)
         self.step = 0
         self.totals = {"total/rollouts": 0.0, "total/update_tokens": 0.0,
@@ -56,12 +54,36 @@ class GRPOTrainer:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
         D.barrier()
-
         self.startup = metrics.Timer()
+        model_dir = self._load_data_and_model()
+        self.metrics = metrics.MetricsLogger(
+            self.run_dir, world.is_main, resume_step=self._resume_step(),
+            total_steps=cfg.trainer.total_steps, wandb_project=cfg.trainer.wandb_project,
+            progress_bar=cfg.trainer.progress_bar, config_dict=self.config_dict)
+        if cfg.sft_warmup.steps:
+            with self.startup("sft_warmup"):
+                model_dir = warm_up(cfg, world, model_dir, self.train, self.tokenizer,
+                                    self.run_dir, self._log_warmup)
+        self._build_engine_and_actor(model_dir)
+        self.selector = GroupSelector(cfg, len(self.train), world.device)
+        self.sampler = PromptSampler(len(self.train), seed=cfg.trainer.seed)
+        self.scorer = RewardScorer(cfg.reward.function, cfg.reward.timeout_s,
+                                   cfg.reward.num_workers)
+        self.sampling = SamplingSpec(cfg.rollout.temperature, cfg.rollout.top_p,
+                                     cfg.rollout.max_new_tokens)
+        self.stop_requested = False
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _load_data_and_model(self) -> str:
+        """Training and held-out prompts, tokenized with the model's chat template; returns the
+        model's local folder (a tiny model is built from the training prompts' text)."""
+        from transformers import AutoTokenizer
+
+        cfg = self.cfg
         with self.startup("data"):
             train_rows = prompts.load(cfg.data.train, cfg.data, cfg.data.train_limit)
         with self.startup("model"):
-            model_dir = model_source.resolve(cfg.model.path, self.run_dir, world,
+            model_dir = model_source.resolve(cfg.model.path, self.run_dir, self.world,
                                              lambda: prompts.corpus(train_rows))
             self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         limit = cfg.data.max_prompt_tokens
@@ -73,33 +95,22 @@ class GRPOTrainer:
                 rows = prompts.load(source, cfg.data, cfg.data.eval_limit)
                 self.eval_sets.append(prompts.tokenize(prompts.set_name(source, rows), rows,
                                                        self.tokenizer, limit))
-        self.metrics = metrics.MetricsLogger(
-            self.run_dir, world.is_main, resume_step=self._resume_step(), total_steps=cfg.trainer.total_steps,
-            wandb_project=cfg.trainer.wandb_project, progress_bar=cfg.trainer.progress_bar,
-            config_dict=self.config_dict)
-        if cfg.sft_warmup.steps:
-            with self.startup("sft_warmup"):
-                model_dir = warm_up(cfg, world, model_dir, self.train, self.tokenizer,
-                                    self.run_dir, self._log_warmup)
+        return model_dir
 
+    def _build_engine_and_actor(self, model_dir: str) -> None:
+        """The rollout engine first, then DeepSpeed (the order colocated vLLM needs)."""
+        cfg, world = self.cfg, self.world
         self.tp = cfg.rollout.tensor_parallel_size
         self.shard = world.rank // self.tp  # this rank's rollout engine
         self.rows_per_shard = cfg.trainer.batch_size // (world.size // self.tp)
-        max_model_len = limit + cfg.rollout.max_new_tokens
+        max_model_len = cfg.rollout.max_model_len or (cfg.data.max_prompt_tokens
+                                                      + cfg.rollout.max_new_tokens)
         with self.startup("engine"):
-            self.engine = build_engine(cfg, model_dir, world,
-                                       cfg.rollout.max_model_len or max_model_len)
+            self.engine = build_engine(cfg, model_dir, world, max_model_len)
         a = cfg.actor
         with self.startup("actor"):
             self.actor = Actor(cfg, world, model_dir, Schedule.of_actor(
                 a, cfg.trainer.total_steps * a.ppo_epochs * a.mini_batches))
-        self.selector = GroupSelector(cfg, len(self.train), world.device)
-        self.sampler = PromptSampler(len(self.train), seed=cfg.trainer.seed)
-        self.scorer = RewardScorer(cfg.reward.function, cfg.reward.timeout_s, cfg.reward.num_workers)
-        self.sampling = SamplingSpec(cfg.rollout.temperature, cfg.rollout.top_p,
-                                     cfg.rollout.max_new_tokens)
-        self.stop_requested = False
-        signal.signal(signal.SIGTERM, self._on_sigterm)
 
     # ================================================================== the loop
 
@@ -412,10 +423,6 @@ def _checksum(state: dict) -> str:
         data = value.cpu().numpy().tobytes() if isinstance(value, torch.Tensor) else repr(value)
         digest.update(key.encode() + (data if isinstance(data, bytes) else data.encode()))
     return digest.hexdigest()
-
-
-def _plain(cfg: Config) -> dict:
-    return asdict(cfg)
 
 
 def _eval_line(step: int, results: dict[str, float]) -> str:
