@@ -62,7 +62,7 @@ class EpochPlanner:
         if order is not None and tuple(order.shape) != (self.num_prompts,):
             raise ValueError(f"state['order']: expected {self.num_prompts} prompt ids, "
                              f"got shape {tuple(order.shape)}")
-        self._epoch, self._order = state["epoch"], order
+        self._epoch, self._order = state["epoch"], None if order is None else order.cpu()
         self._num_eligible = state["num_eligible"]
 
 
