@@ -322,8 +322,9 @@ class RecordingTrainer(LZEGRPOTrainer):
 
 
 def test_dapo_policy_drops_exactly_the_zero_variance_groups(model_dir, tmp_path):
+    config = make_config(tmp_path, max_steps=3, remove_unused_columns=True)  # keeps lze_index
     trainer = make_trainer(model_dir, tmp_path, trainer_cls=RecordingTrainer, policy="dapo",
-                           config=make_config(tmp_path, max_steps=3))
+                           config=config)
     trainer.train()
     assert trainer.lze_selector is None and len(trainer.selections) == 3
     for selection in trainer.selections:
