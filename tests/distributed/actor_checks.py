@@ -26,9 +26,9 @@ BATCH, GROUP = 8, 4
 KEPT = [0, 2, 3, 5, 6]  # 5 kept groups: over 2 ranks one rank pads with a zero-weight group
 
 
-def actor(world, model_dir, stage):
+def actor(world, model_dir, stage, *overrides):
     cfg = C.load("tiny", [f"actor.zero_stage={stage}", "actor.micro_batch_size=3",
-                          "actor.lr=0.01"])
+                          "actor.lr=0.01", *overrides])
     return cfg, Actor(cfg, world, model_dir, Schedule(0.01, 10))
 
 
@@ -54,28 +54,34 @@ def step_groups(seed, dropped_noise):
     return groups, advantages
 
 
-def train_once(world, model_dir, dropped_noise):
-    cfg, a = actor(world, model_dir, stage=2)
+def train_once(world, model_dir, dropped_noise, *overrides):
+    cfg, a = actor(world, model_dir, 2, *overrides)
     groups, advantages = step_groups(0, dropped_noise)
     per_rank = BATCH // world.size
     local = groups[world.rank * per_rank:(world.rank + 1) * per_rank]
     mine = dispatch_kept_groups(local, advantages, KEPT, per_rank, world, tp=1)
-    batches, norms = update_batches(mine, 1, cfg.actor.micro_batch_size, 16, a.pad_id)
+    batches, norms = update_batches(mine, cfg.actor.mini_batches, cfg.actor.micro_batch_size, 16,
+                                    a.pad_id)
     stats = a.update(batches, norms)
     tokens = D.all_reduce(float(stats.as_dict()["tokens"]))
-    return weights(a), tokens, stats.grad_norms[0]
+    return weights(a), tokens, stats
 
 
 def check_update(world, model_dir, out):
-    trained, tokens, grad_norm = train_once(world, model_dir, dropped_noise=False)
+    trained, tokens, stats = train_once(world, model_dir, dropped_noise=False)
     again, _, _ = train_once(world, model_dir, dropped_noise=True)
+    # Two passes over two mini-batches: four optimizer steps against recomputed old log-probs.
+    _, _, multi = train_once(world, model_dir, False, "actor.ppo_epochs=2", "actor.mini_batches=2")
+    clipped = D.all_reduce(float(multi.as_dict()["clipped_tokens"]))
     if world.is_main:
         kept_tokens = sum(len(c.token_ids) for row in KEPT for c in step_groups(0, False)[0][row].responses)
         torch.save(trained, out)
         with open(out + ".json", "w") as f:
             json.dump({"dropped_groups_changed_weights": any(
                 not torch.equal(trained[k], again[k]) for k in trained),
-                "update_tokens": tokens, "kept_tokens": kept_tokens, "grad_norm": grad_norm}, f)
+                "update_tokens": tokens, "kept_tokens": kept_tokens,
+                "grad_norm": stats.grad_norms[0], "multi_updates": len(multi.grad_norms),
+                "multi_clipped_tokens": clipped}, f)
 
 
 def check_nonfinite(world, model_dir, out):
