@@ -9,6 +9,7 @@ or ``s - mean`` without std normalisation; ``A * response_mask`` returned as adv
 returns.
 """
 
+import subprocess
 import sys
 import types
 import uuid
@@ -274,3 +275,10 @@ def test_register_without_verl_says_so(monkeypatch):
     monkeypatch.setitem(sys.modules, "verl", None)
     with pytest.raises(ImportError):
         LZEAdvantage(5).register()
+
+
+def test_importing_the_adapter_imports_no_framework():
+    code = ("import sys, lze_kernels.integrations.verl; print(sorted(m for m in ('verl', 'trl', "
+            "'transformers', 'vllm', 'deepspeed', 'lze_trainer') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

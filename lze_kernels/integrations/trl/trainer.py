@@ -48,9 +48,11 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from typing import Optional
 
 import torch
+import trl
 from trl import GRPOTrainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
@@ -61,6 +63,11 @@ from ..selection import (GroupSelection, ScoreFn, check_policy, select_groups,
 from .sampler import EpochPlanner, PrunedRepeatSampler
 
 logger = logging.getLogger(__name__)
+
+CHECKED_TRL = "1.16"
+if not trl.__version__.startswith(CHECKED_TRL + "."):
+    warnings.warn(f"LZEGRPOTrainer overrides internals of TRL's GRPOTrainer checked with trl "
+                  f"{CHECKED_TRL}; trl {trl.__version__} is installed", stacklevel=2)
 
 STATE_FILE = "lze_state.pt"
 GLOBAL_TOKEN_LOSSES = ("dapo", "cispo", "vespo")  # normalised by num_items_in_batch
