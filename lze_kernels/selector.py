@@ -53,7 +53,9 @@ class LZESelector:
         self.config = config if config is not None else LZEConfig()
         if not isinstance(self.config, LZEConfig):
             raise ValueError(f"config: expected an LZEConfig, got {type(config).__name__}")
-        self.device = torch.device(device)
+        # As tensors report it: "cuda" -> "cuda:0", accelerate's "cpu:0" -> "cpu" (inputs are
+        # checked against it by equality).
+        self.device = torch.empty(0, device=device).device
         self._backend = dispatch.resolve(backend, self.device)
         self._params = KernelParams.from_config(self.config)
         self.state = SelectorState.empty(num_prompts, self.device)

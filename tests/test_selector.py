@@ -248,3 +248,10 @@ def test_ops_building_blocks():
         ops.topk_mask(stats.energy, k=0)
     assert int(state.step_counter[0]) == 1 and int(state.fault[0]) == 0
     assert (state.istate[ids, L.SEEN] == (valid.sum(1) > 0).int()).all()
+
+
+def test_device_is_named_as_tensors_name_it():
+    # accelerate gives CPU processes "cpu:0"; tensors made there report "cpu".
+    sel = LZESelector(8, device=torch.device("cpu:0"), backend="torch")
+    assert sel.device == torch.zeros(1, device="cpu:0").device
+    sel.step(torch.ones(1, 4), torch.tensor([3]))

@@ -94,7 +94,7 @@ class LZEAdvantage:
                  score_fn: Optional[ScoreFn] = None):
         check_policy(policy)
         self.policy = policy
-        self.device = torch.empty(0, device=device).device  # "cuda" -> "cuda:0", as tensors say
+        self.device = torch.device(device)
         self.score_fn = score_fn
         self.selector: Optional[LZESelector] = None
         if policy == "lze":

@@ -102,11 +102,8 @@ class LZEGRPOTrainer(GRPOTrainer):
         self.lze_selector: Optional[LZESelector] = None
         self.lze_planner: Optional[EpochPlanner] = None
         if policy == "lze":
-            # The device tensors report (accelerate says "cpu:0" for CPU processes; CPU
-            # tensors are on "cpu"): the selector checks its inputs' device by equality.
-            device = torch.empty(0, device=self.accelerator.device).device
-            self.lze_selector = LZESelector(len(train_dataset), lze_config, device=device,
-                                            backend=lze_backend)
+            self.lze_selector = LZESelector(len(train_dataset), lze_config,
+                                            device=self.accelerator.device, backend=lze_backend)
             if prune:
                 self.lze_planner = EpochPlanner(self.lze_selector, self.args.seed,
                                                 self.shuffle_dataset)
