@@ -43,6 +43,7 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -q tests
+	bash tools/test_triton_latest.sh
 
 bench: setup
 	$(PY) -m pytest -q benchmarks --benchmark-json=benchmarks/results/benchmarks.json

@@ -13,6 +13,9 @@ import time
 
 import torch
 
+# The (B, G) grid of the step benchmarks.
+BATCHES = (512, 2048, 8192, 16384, 65536)
+GROUPS = (8, 16, 64)
 PROMPTS_PER_ROW = 4  # N = 4 B
 SECONDS_PER_CASE = 1.0
 MIN_ROUNDS, MAX_ROUNDS = 3, 200

@@ -28,6 +28,9 @@ TARGETS = (
     (16384, 16, "fused step >= 300x faster than the Python loop", "loop", ">=", 300.0),
     (65536, 16, "fused step within 3x of the floor", "floor", "<=", 3.0),
 )
+# test_bench_busy.py: the cpu step on the machine as it is and with every core busy.
+BUSY_CASES = ("quiet single", "quiet default", "busy single", "busy default")
+BUSY_TARGET = (16384, 16, 2.0)  # busy default <= 2x busy single-thread
 
 
 # ----------------------------------------------------------------------------- loading
@@ -108,6 +111,52 @@ def phase_table(times: dict) -> list[str]:
     return lines
 
 
+def busy_ratio(row: dict):
+    """busy default / busy single-thread, the cost of threads on shared cores (None: missing)."""
+    cases = {case: row.get(f"cpu {case}") for case in ("busy default", "busy single")}
+    if None in cases.values():
+        return None
+    return cases["busy default"]["seconds"] / cases["busy single"]["seconds"]
+
+
+def busy_table(times: dict) -> list[str]:
+    """The cpu step with every core busy next to the quiet machine (test_bench_busy.py)."""
+    rows = {key: row for key, row in times.items() if f"cpu {BUSY_CASES[0]}" in row}
+    if not rows:
+        return []
+    head = ["B", "G", *BUSY_CASES, "busy default / busy single", "busy default / quiet single",
+            "load avg quiet / busy"]
+    lines = ["", "## CPU step with every core busy", "",
+             "`single`: `LZE_NUM_THREADS=1`; `default`: up to `torch.get_num_threads()` threads "
+             "or the calling thread alone, whichever has been faster; `busy`: one busy-loop "
+             "process per core for the duration of the case. Load average: 1 minute, at the end "
+             "of each case (the machine may be shared).", "", _row(head),
+             _row(["---:"] * len(head))]
+    for (batch, group), row in rows.items():
+        cells = {case: row.get(f"cpu {case}") for case in BUSY_CASES}
+        quiet_single, busy_default = cells["quiet single"], cells["busy default"]
+        vs_quiet = (busy_default["seconds"] / quiet_single["seconds"]
+                    if quiet_single and busy_default else None)
+        loads = "/".join(f"{cells[c]['load_average']:.1f}" if cells[c] else "-"
+                         for c in ("quiet default", "busy default"))
+        lines.append(_row([batch, group,
+                           *(fmt_time(c["seconds"]) if c else "-" for c in cells.values()),
+                           fmt_ratio(busy_ratio(row)), fmt_ratio(vs_quiet), loads]))
+    return lines
+
+
+def busy_target_line(times: dict) -> list[str]:
+    batch, group, bound = BUSY_TARGET
+    row = times.get((batch, group), {})
+    if f"cpu {BUSY_CASES[0]}" not in row:
+        return []
+    ratio = busy_ratio(row)
+    verdict = ("NOT MEASURED" if ratio is None else
+               f"{'PASS' if ratio <= bound else 'FAIL'} ({ratio:.3g}x)")
+    return [f"- B={batch}, G={group}: cpu step with every core busy <= {bound:g}x its "
+            f"single-thread time with the cores busy: **{verdict}**"]
+
+
 def launch_table(times: dict) -> list[str]:
     """Device kernel launches per step (GPU runs only; the fused backend should launch 2)."""
     if not any("kernel_launches" in r for row in times.values() for r in row.values()):
@@ -158,13 +207,15 @@ def demangle_nested(name: str) -> str:
 
 
 def resource_rows() -> list[dict]:
-    """Per-kernel resources from results/{triton,cuda}_resources.json, one dict per kernel and
-    architecture: source, kernel, arch, registers, smem, spill_stores, spill_loads, stack."""
+    """Per-kernel resources from results/triton_resources_<version>.json (one per Triton
+    version tested) and results/cuda_resources.json, one dict per kernel and architecture:
+    source, kernel, arch, registers, smem, spill_stores, spill_loads, stack."""
     rows = []
-    triton = RESULTS / "triton_resources.json"
-    if triton.exists():
-        for k in json.loads(triton.read_text())["kernels"]:
-            rows.append(dict(source="triton", kernel=k["name"], arch=k["arch"],
+    for path in sorted(RESULTS.glob("triton_resources_*.json")):  # one per Triton version
+        report = json.loads(path.read_text())
+        source = f"triton {report['triton']}"
+        for k in report["kernels"]:
+            rows.append(dict(source=source, kernel=k["name"], arch=k["arch"],
                              registers=k["registers"], smem=k["shared_bytes"],
                              spill_stores=k["spill_stores"], spill_loads=k["spill_loads"],
                              stack=k["stack_bytes"]))
@@ -220,9 +271,9 @@ def summary(data: dict, times: dict) -> str:
         "statistics + state update + noisy top-k), N = 4B prompts, binary rewards. "
         "Ratios > 1 under `x / fused` mean the fused step is faster; `fused / floor` is the "
         "fused time over one `rewards.sum(dim=1)`.", "",
-        "## Targets", "", *target_lines(times), "",
+        "## Targets", "", *target_lines(times), *busy_target_line(times), "",
         "## Median step time and ratios", "", *time_table(times), *launch_table(times),
-        *phase_table(times),
+        *phase_table(times), *busy_table(times),
         *resource_table(resource_rows()),
     ]
     return "\n".join(lines) + "\n"

@@ -10,12 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 from baselines import PythonLoopSelector
-from bench_common import RoundInputs, run_benchmark
+from bench_common import BATCHES, GROUPS, RoundInputs, run_benchmark
 
 from lze_kernels import LZEConfig, LZESelector
 
-BATCHES = (512, 2048, 8192, 16384, 65536)
-GROUPS = (8, 16, 64)
 VARIANTS = ("fused", "torch_eager", "torch_compile", "python_loop", "floor")
 # The Python loop costs ~25 us per sequence; 2^18 sequences keeps B=16384, G=16 (a target).
 LOOP_MAX_SEQUENCES = 2**18

@@ -19,6 +19,27 @@ KERNEL_BACKENDS = ("cpu", "cuda_emulated", "triton")
 MAX_BATCH = {"cpu": 65536, "cuda_emulated": 16384, "triton": 16384, "torch": 65536}
 
 
+def pytest_report_header(config):
+    try:
+        import triton
+    except ImportError:
+        return "triton: not installed"
+    return f"triton {triton.__version__} ({os.path.dirname(triton.__file__)})"
+
+
+def pytest_configure(config):
+    """tools/test_triton_latest.sh sets LZE_EXPECT_TRITON: fail unless that Triton is the one
+    imported (a PYTHONPATH mistake would otherwise test the venv's pinned Triton twice)."""
+    expected = os.environ.get("LZE_EXPECT_TRITON")
+    if not expected:
+        return
+    import triton
+
+    if triton.__version__ != expected:
+        raise pytest.UsageError(f"LZE_EXPECT_TRITON={expected}, but triton {triton.__version__} "
+                                f"was imported from {os.path.dirname(triton.__file__)}")
+
+
 def backend_param(name):
     """A pytest param for a kernel backend, skipped when it is not built/installed here."""
     backend = dispatch.BACKENDS[name]

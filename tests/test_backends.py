@@ -170,6 +170,8 @@ def test_topk_without_candidates(backend_name):
 
 
 @pytest.mark.parametrize("backend_name", BACKENDS)
+# The interpreter's numpy evaluates inf - inf in the faulty rows it then masks out.
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 def test_faulty_rows_are_skipped_and_recorded(backend_name, params):
     """check_inputs=False path: bad ids (out of range, duplicates), NaN/inf and out-of-range
     rewards. The bad rows are skipped without touching memory out of bounds; the good rows are
@@ -214,11 +216,12 @@ def test_cpu_thread_counts_give_the_reference_exactly(threads, params, monkeypat
         pytest.skip("cpu backend not built")
     monkeypatch.setenv("LZE_NUM_THREADS", threads)
     gen = torch.Generator().manual_seed(11)
-    batch, group, num_prompts = 40_000, 4, 90_000
+    # 8 threads need B >= 8 * 4096 (csrc/cpu/parallel.h: kRowsPerThread).
+    batch, group, num_prompts = 33_000, 4, 70_000
     state = SelectorState.empty(num_prompts, "cpu")
-    for step in range(3):
+    for step in range(2):
         ids = torch.randperm(num_prompts, generator=gen)[:batch]
-        ids[[30_000, 39_999]] = ids[[5, 20_000]]  # later rows repeat ids of earlier tasks
+        ids[[30_000, 32_999]] = ids[[5, 20_000]]  # later rows repeat ids of earlier tasks
         rewards = binary_rewards(batch, group, gen)
         rewards[[100, 25_000], 1] = float("nan")
         ids[12_345] = num_prompts + step  # out of range

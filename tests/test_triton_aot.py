@@ -4,7 +4,8 @@ The interpreter (which the rest of the suite uses) cannot catch what only the re
 sees: ops it rejects, shared-memory limits, register spills. ``tools/triton_aot.py`` compiles
 every ``LaunchConfig`` of ``lze_kernels.triton_kernels.aot_configs()`` in a subprocess with
 ``TRITON_INTERPRET`` unset, and writes the resource table to
-``benchmarks/results/triton_resources.json``.
+``benchmarks/results/triton_resources_<triton version>.json`` (``make test`` runs this file under
+the pinned Triton and, through ``tools/test_triton_latest.sh``, the newest one).
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("triton")
+triton = pytest.importorskip("triton")
 
 ROOT = Path(__file__).resolve().parents[1]
-RESOURCES = ROOT / "benchmarks" / "results" / "triton_resources.json"
+RESOURCES = ROOT / "benchmarks" / "results" / f"triton_resources_{triton.__version__}.json"
 ARCHS = ("sm_80", "sm_90")
 # Hopper and Ampere both allow 227 KB / 163 KB of shared memory per block; stay far below.
 MAX_SHARED_BYTES = 48 * 1024
@@ -35,7 +36,10 @@ def compiled():
          "--output", str(RESOURCES)],
         env=env, capture_output=True, text=True, timeout=1800, cwd=ROOT)
     assert run.returncode == 0, run.stderr[-4000:]
-    return json.loads(run.stdout)["kernels"]
+    report = json.loads(run.stdout)
+    # The subprocess imports triton from the same path (PYTHONPATH is inherited).
+    assert report["triton"] == triton.__version__
+    return report["kernels"]
 
 
 def _config_names():

@@ -8,6 +8,8 @@
 // a helper that is not running.
 #include "cpu/parallel.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -21,14 +23,23 @@ namespace {
 
 using Task = std::function<void(int64_t)>;
 
+class Pool;
+
+// The pool of a forked child (see Pool::instance); stays null in the process that made the pool.
+Pool* forked_child_pool = nullptr;
+
 class Pool {
  public:
   // Never destroyed: helpers sleep in it until the process exits (joining them from a static
-  // destructor could hang at exit, e.g. in a forked child, which has no helpers at all and
-  // simply runs every task on the caller).
+  // destructor could hang at exit). A forked child gets a fresh pool: it has none of the
+  // parent's helpers, and the parent's copy may hold mutexes some parent thread held at the
+  // fork (it is leaked, never touched again).
   static Pool& instance() {
-    static Pool* const pool = new Pool();
-    return *pool;
+    static Pool* const first = [] {
+      pthread_atfork(nullptr, nullptr, [] { forked_child_pool = new Pool(); });
+      return new Pool();
+    }();
+    return forked_child_pool != nullptr ? *forked_child_pool : *first;
   }
 
   void run(int64_t tasks, int threads, const Task& task) {

@@ -9,7 +9,7 @@ gathers/scatters one 16-byte state row per table and row: O(B G) work in one pas
 * GPU: ``min(256, 2048 // BLOCK_G)`` rows (at least 1), 8 warps: at most 8 rewards and one
   row's state per thread. ptxas then spills nothing for any ``BLOCK_G`` up to 4096, on sm_80
   and sm_90, under Triton 3.7.1 (torch 2.13's pin) and 3.9.0, with at most 164 registers (see
-  ``benchmarks/results/triton_resources.json``). The advantages are divided right after the
+  ``benchmarks/results/triton_resources_*.json``). The advantages are divided right after the
   group statistics and stored before the state update: each IEEE division (``div_rn``) has a
   slow path that ptxas calls as a subroutine, and every value live across those calls must sit
   in a preserved register or be spilled; divided after the state update, with its values
