@@ -112,11 +112,12 @@ def phase_table(times: dict) -> list[str]:
 
 
 def busy_ratio(row: dict):
-    """busy default / busy single-thread, the cost of threads on shared cores (None: missing)."""
-    cases = {case: row.get(f"cpu {case}") for case in ("busy default", "busy single")}
-    if None in cases.values():
+    """busy default / busy single-thread, the cost of threads on shared cores, from the calls
+    taken in turn under the same spinners (None: not measured)."""
+    case = row.get("cpu busy default") or {}
+    if "interleaved_single_s" not in case:
         return None
-    return cases["busy default"]["seconds"] / cases["busy single"]["seconds"]
+    return case["interleaved_default_s"] / case["interleaved_single_s"]
 
 
 def busy_table(times: dict) -> list[str]:
@@ -124,7 +125,7 @@ def busy_table(times: dict) -> list[str]:
     rows = {key: row for key, row in times.items() if f"cpu {BUSY_CASES[0]}" in row}
     if not rows:
         return []
-    head = ["B", "G", *BUSY_CASES, "busy default / busy single", "busy default / quiet single",
+    head = ["B", "G", *BUSY_CASES, "busy default / busy single (calls in turn)", "busy default / quiet single",
             "load avg quiet / busy"]
     lines = ["", "## CPU step with every core busy", "",
              "`single`: `LZE_NUM_THREADS=1`; `default`: up to `torch.get_num_threads()` threads "

@@ -36,6 +36,7 @@ def test_update_is_the_same_on_one_and_two_ranks(model_dir, tmp_path):
     for i in info:
         assert i["update_tokens"] == i["kept_tokens"]  # whole kept groups, nothing else
         assert not i["dropped_groups_changed_weights"]
+        assert i["objective_gain"] > 0  # the update moves the policy up the objective
         # ppo_epochs=2 x mini_batches=2: four steps; after the first the policy has moved away
         # from the recomputed old log-probs (lr 0.01), so the clip is active on some tokens.
         assert i["multi_updates"] == 4 and i["multi_clipped_tokens"] > 0

@@ -415,3 +415,27 @@ def test_sampler_errors():
         sampler.load_state_dict(PromptSampler(4, seed=0).state_dict())
     with pytest.raises(ValueError, match="seed=1 does not match"):
         sampler.load_state_dict(PromptSampler(3, seed=1).state_dict())
+
+
+def test_held_out_rows_that_are_training_prompts_are_dropped():
+    from lze_trainer.prompts import without_prompts_of
+
+    def row(text, system=None):
+        messages = ([{"role": "system", "content": system}] if system else [])
+        return {"messages": messages + [{"role": "user", "content": text}]}
+
+    train = [row("Calculate 1 + 2."), row("Calculate 3 + 4.", system="Be brief.")]
+    held_out = [row("Calculate 1 + 2."), row("Calculate 3 + 4."), row("Calculate 5 + 6.")]
+    # The same user text under another system prompt is another prompt.
+    assert without_prompts_of(held_out, train) == held_out[1:]
+
+
+def test_reasoning_gym_arithmetic_repeats_across_seeds():
+    """Why the trainer drops held-out rows that are training prompts (data.eval_drop_train_prompts):
+    small-number arithmetic repeats problems across seeds."""
+    from lze_trainer.prompts import without_prompts_of
+
+    spec = "reasoning-gym:basic_arithmetic?size={n}&seed={seed}&min_terms=2&max_terms=2&max_digits=1"
+    train = load_prompts(spec.format(n=500, seed=1)).to_list()
+    held_out = load_prompts(spec.format(n=100, seed=2)).to_list()
+    assert len(without_prompts_of(held_out, train)) < len(held_out)

@@ -21,6 +21,13 @@ def test_same_spec_and_corpus_give_the_same_files(tmp_path):
     assert tiny_model.build(SPEC, a, CORPUS) == a  # an existing build is reused
 
 
+def test_another_corpus_rebuilds_the_tokenizer(tmp_path):
+    folder = tiny_model.build(SPEC, tmp_path / "m", CORPUS)
+    before = _digests(folder)
+    tiny_model.build(SPEC, folder, CORPUS + ["Calculate 987654321 * 123456789."] * 50)
+    assert _digests(folder)["tokenizer.json"] != before["tokenizer.json"]
+
+
 def test_tokenizer_splits_digits_and_roundtrips(tmp_path):
     from transformers import AutoConfig, AutoTokenizer
 

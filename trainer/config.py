@@ -37,6 +37,7 @@ class DataConfig:
     max_prompt_tokens: int = 512  # longer prompts are an error at start-up (they would be truncated silently otherwise)
     train_limit: Optional[int] = None  # use only the first rows of the training set
     eval_limit: Optional[int] = None  # use only the first rows of each held-out set
+    eval_drop_train_prompts: bool = True  # drop held-out rows whose prompt is also a training prompt
 
 
 @dataclass

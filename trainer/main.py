@@ -43,10 +43,12 @@ def main(argv=None) -> int:
     world = distributed.init(cfg.trainer.device, cfg.trainer.threads_per_rank)
     try:
         validate_world(cfg, world.size)
+        trainer = GRPOTrainer(cfg, world)  # data-dependent checks raise ConfigError on every rank
     except ConfigError as e:
         print(f"lze_trainer: {e}", file=sys.stderr)
+        distributed.shutdown()
         return 2
-    GRPOTrainer(cfg, world).fit()
+    trainer.fit()
     distributed.shutdown()
     return 0
 

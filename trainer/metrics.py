@@ -4,6 +4,7 @@ and the end-of-run plot of reward, held-out accuracy and kept ratio against step
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -34,17 +35,24 @@ class Timer:
 class MetricsLogger:
     """Writes on rank 0 only; other ranks get a logger that does nothing."""
 
-    def __init__(self, run_dir: Path, enabled: bool, resume_step: int, total_steps: int,
+    def __init__(self, run_dir: Path, enabled: bool, resume_step: Optional[int], total_steps: int,
                  wandb_project: Optional[str], progress_bar: bool, config_dict: dict):
+        """``resume_step``: the checkpoint's step when resuming, None for a new run (which
+        replaces the logs of an earlier run in the same folder)."""
         self.enabled = enabled
         self.path = run_dir / METRICS_FILE
         self.tensorboard = self.wandb = self.bar = None
         if not enabled:
             return
-        truncate_jsonl(self.path, resume_step)
+        if resume_step is None:
+            self.path.unlink(missing_ok=True)
+            shutil.rmtree(run_dir / "tensorboard", ignore_errors=True)
+        else:
+            truncate_jsonl(self.path, resume_step)
         from torch.utils.tensorboard import SummaryWriter
 
-        self.tensorboard = SummaryWriter(str(run_dir / "tensorboard"), purge_step=resume_step + 1)
+        start = resume_step or 0
+        self.tensorboard = SummaryWriter(str(run_dir / "tensorboard"), purge_step=start + 1)
         if wandb_project:
             import wandb
 
@@ -53,7 +61,7 @@ class MetricsLogger:
         if progress_bar:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total_steps, initial=resume_step, desc="GRPO", unit="step",
+            self.bar = tqdm(total=total_steps, initial=start, desc="GRPO", unit="step",
                             dynamic_ncols=True)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:

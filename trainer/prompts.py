@@ -27,6 +27,18 @@ def load(source: str, data_cfg, limit: Optional[int] = None):
     return dataset.to_list()
 
 
+def without_prompts_of(rows: list[dict], train_rows: list[dict]) -> list[dict]:
+    """``rows`` minus those whose prompt (the whole message list) is a training prompt: procedural
+    tasks repeat problems across seeds (reasoning-gym's small-number arithmetic does, heavily), and
+    a held-out score must be on prompts the policy never trained on."""
+    seen = {_prompt_key(row) for row in train_rows}
+    return [row for row in rows if _prompt_key(row) not in seen]
+
+
+def _prompt_key(row: dict) -> tuple:
+    return tuple((m["role"], m["content"]) for m in row["messages"])
+
+
 def set_name(source: str, rows: list[dict]) -> str:
     _, _, name = source.partition("#")
     return name or (rows[0]["data_source"] if rows else source)

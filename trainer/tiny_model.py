@@ -15,6 +15,7 @@ Same spec and same corpus give the same files, byte for byte.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -115,10 +116,14 @@ def build(spec: str | TinySpec, out_dir: str | Path, corpus: Iterable[str]) -> P
 
     spec = TinySpec.parse(spec) if isinstance(spec, str) else spec
     out_dir = Path(out_dir)
+    texts = list(corpus)
+    # The tokenizer depends on the corpus too: a different task rebuilds the model.
+    identity = {**asdict(spec), "corpus_sha256": hashlib.sha256(
+        "\0".join(sorted(texts)).encode()).hexdigest()}
     marker = out_dir / _MARKER
-    if marker.exists() and json.loads(marker.read_text()) == asdict(spec):
+    if marker.exists() and json.loads(marker.read_text()) == identity:
         return out_dir
-    tokenizer = build_tokenizer(corpus, spec.vocab)
+    tokenizer = build_tokenizer(texts, spec.vocab)
     config = Qwen2Config(
         vocab_size=_round_up(len(tokenizer), 64), hidden_size=spec.hidden,
         intermediate_size=spec.intermediate or 4 * spec.hidden,
@@ -136,7 +141,7 @@ def build(spec: str | TinySpec, out_dir: str | Path, corpus: Iterable[str]) -> P
     model.save_pretrained(out_dir, safe_serialization=True)
     GenerationConfig(eos_token_id=tokenizer.eos_token_id,
                      pad_token_id=tokenizer.pad_token_id).save_pretrained(out_dir)
-    marker.write_text(json.dumps(asdict(spec)))
+    marker.write_text(json.dumps(identity))
     return out_dir
 
 

@@ -17,6 +17,7 @@ import signal
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import psutil
@@ -28,7 +29,7 @@ from . import distributed as D
 from .actor import UPDATE_SUMS, Actor, Schedule, UpdateStats
 from .batch import RolloutGroup
 from .dispatch import dispatch_kept_groups, update_batches
-from .config import Config, to_yaml
+from .config import Config, ConfigError, to_yaml
 from .data import PromptSampler
 from .evaluate import evaluate
 from .reward import RewardScorer, as_correctness
@@ -55,11 +56,14 @@ class GRPOTrainer:
             (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
         D.barrier()
         self.startup = metrics.Timer()
+        self.eval_notes: list[str] = []
         model_dir = self._load_data_and_model()
         self.metrics = metrics.MetricsLogger(
             self.run_dir, world.is_main, resume_step=self._resume_step(),
             total_steps=cfg.trainer.total_steps, wandb_project=cfg.trainer.wandb_project,
             progress_bar=cfg.trainer.progress_bar, config_dict=self.config_dict)
+        for note in self.eval_notes:
+            self.metrics.write(note)
         if cfg.sft_warmup.steps:
             with self.startup("sft_warmup"):
                 model_dir = warm_up(cfg, world, model_dir, self.train, self.tokenizer,
@@ -90,12 +94,23 @@ class GRPOTrainer:
         with self.startup("data"):
             self.train = prompts.tokenize("train", train_rows, self.tokenizer, limit)
             _check_batch_fits(cfg, len(self.train))
-            self.eval_sets = []
-            for source in cfg.data.eval:
-                rows = prompts.load(source, cfg.data, cfg.data.eval_limit)
-                self.eval_sets.append(prompts.tokenize(prompts.set_name(source, rows), rows,
-                                                       self.tokenizer, limit))
+            self.eval_sets = [self._eval_set(source, train_rows) for source in cfg.data.eval]
         return model_dir
+
+    def _eval_set(self, source: str, train_rows: list[dict]) -> prompts.PromptSet:
+        cfg = self.cfg
+        rows = prompts.load(source, cfg.data, cfg.data.eval_limit)
+        name = prompts.set_name(source, rows)
+        if cfg.data.eval_drop_train_prompts:
+            unseen = prompts.without_prompts_of(rows, train_rows)
+            if not unseen:
+                raise ConfigError(f"data.eval: every prompt of {source!r} is also a training "
+                                  "prompt (choose another seed or set, or set "
+                                  "data.eval_drop_train_prompts=false)")
+            self.eval_notes.append(f"held-out {name}: {len(unseen)} prompts ({len(rows) - len(unseen)} "
+                                   "dropped: also training prompts)")
+            rows = unseen
+        return prompts.tokenize(name, rows, self.tokenizer, cfg.data.max_prompt_tokens)
 
     def _build_engine_and_actor(self, model_dir: str) -> None:
         """The rollout engine first, then DeepSpeed (the order colocated vLLM needs)."""
@@ -375,8 +390,8 @@ class GRPOTrainer:
             metrics.truncate_jsonl(self.run_dir / ROLLOUTS_FILE, self.step)
         self.metrics.write(f"resumed from {folder} at step {self.step}")
 
-    def _resume_step(self) -> int:
-        return int(self.resume_from.name.split("_")[1]) if self.resume_from else 0
+    def _resume_step(self) -> Optional[int]:
+        return int(self.resume_from.name.split("_")[1]) if self.resume_from else None
 
     def _finish(self) -> None:
         if self.step == self.cfg.trainer.total_steps and self.cfg.trainer.save_hf_model:
@@ -406,7 +421,7 @@ def _check_batch_fits(cfg: Config, rows: int) -> None:
     if drawn > rows:
         what = (f"trainer.batch_size x selection.candidate_factor = {drawn}" if s.prune
                 else f"trainer.batch_size = {drawn}")
-        raise ValueError(f"trainer.batch_size: {what} prompts per step, but data.train has only "
+        raise ConfigError(f"trainer.batch_size: {what} prompts per step, but data.train has only "
                          f"{rows} rows")
 
 

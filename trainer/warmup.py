@@ -3,12 +3,15 @@
 A model that never produces a correct answer gets zero GRPO gradient (every group has p = 0), so a
 small or base model is first taught the task's answer format on the training prompts. The result
 is written as a Hugging Face checkpoint in the run folder and the GRPO actor and the rollout
-engines load it from there; a resumed run finds it and skips the warm-up.
+engines load it from there; a run with the same warm-up settings (a resumed one, or the same
+preset run again) finds it and skips the warm-up; changed settings redo it.
 """
 
 from __future__ import annotations
 
 import gc
+import json
+from dataclasses import asdict
 from pathlib import Path
 
 from . import distributed as D
@@ -26,7 +29,8 @@ def warm_up(cfg, world: D.World, model_dir: str, train: PromptSet, tokenizer, ru
             log) -> str:
     """Train ``sft_warmup.steps`` steps from ``model_dir``; returns the warmed model's folder."""
     out_dir = Path(run_dir) / "sft_model"
-    if (out_dir / DONE).exists():
+    identity = _identity(cfg)
+    if (out_dir / DONE).exists() and json.loads((out_dir / DONE).read_text() or "{}") == identity:
         return str(out_dir)
     s = cfg.sft_warmup
     actor = Actor(cfg, world, model_dir, Schedule(s.lr, s.steps, warmup_steps=max(1, s.steps // 10),
@@ -46,11 +50,17 @@ def warm_up(cfg, world: D.World, model_dir: str, train: PromptSet, tokenizer, ru
         log(step, {"sft/loss": loss, "sft/lr": actor.lr, "sft/skipped_updates": skipped})
     actor.save_pretrained(str(out_dir), tokenizer)
     if world.is_main:
-        (out_dir / DONE).touch()
+        (out_dir / DONE).write_text(json.dumps(identity))
     D.barrier()
     del actor
     gc.collect()
     return str(out_dir)
+
+
+def _identity(cfg) -> dict:
+    """What the warmed model depends on: its start, its data and the warm-up settings."""
+    return {"model": cfg.model.path, "train": cfg.data.train, "seed": cfg.trainer.seed,
+            "sft_warmup": asdict(cfg.sft_warmup)}
 
 
 def _example(train: PromptSet, i: int, tokenizer, template: str, eos: list[int]) -> RolloutGroup:

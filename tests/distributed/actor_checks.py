@@ -6,7 +6,8 @@ tests/test_trainer_actor.py:
 ``nonfinite``: a NaN loss is never trained on (ZeRO 0, 2, 3): the step is skipped, the weights
 stay, and the next finite step trains. ``update``: one GRPO update on the kept groups of a fixed
 step, dispatched over W ranks the trainer's way; OUT gets the weights (compared across W by the
-test) and whether changing the dropped groups changed anything.
+test), whether changing the dropped groups changed anything, and how much the update raised the
+step's policy-gradient objective.
 """
 
 import json
@@ -62,16 +63,25 @@ def train_once(world, model_dir, dropped_noise, *overrides):
     mine = dispatch_kept_groups(local, advantages, KEPT, per_rank, world, tp=1)
     batches, norms = update_batches(mine, cfg.actor.mini_batches, cfg.actor.micro_batch_size, 16,
                                     a.pad_id)
+    before = objective(a, batches)
     stats = a.update(batches, norms)
     tokens = D.all_reduce(float(stats.as_dict()["tokens"]))
-    return weights(a), tokens, stats
+    return weights(a), tokens, stats, objective(a, batches) - before
+
+
+def objective(a, batches):
+    """The policy-gradient objective of the step's kept tokens, sum of A * log-prob (all ranks):
+    an update must raise it (the sign of the whole chain: advantages, mask, loss, optimizer)."""
+    total = sum(float((a.log_probs(micro) * micro.loss_mask * micro.advantages[:, None]).sum())
+                for mini in batches for micro in mini)
+    return D.all_reduce(total)
 
 
 def check_update(world, model_dir, out):
-    trained, tokens, stats = train_once(world, model_dir, dropped_noise=False)
-    again, _, _ = train_once(world, model_dir, dropped_noise=True)
+    trained, tokens, stats, gain = train_once(world, model_dir, dropped_noise=False)
+    again, _, _, _ = train_once(world, model_dir, dropped_noise=True)
     # Two passes over two mini-batches: four optimizer steps against recomputed old log-probs.
-    _, _, multi = train_once(world, model_dir, False, "actor.ppo_epochs=2", "actor.mini_batches=2")
+    _, _, multi, _ = train_once(world, model_dir, False, "actor.ppo_epochs=2", "actor.mini_batches=2")
     clipped = D.all_reduce(float(multi.as_dict()["clipped_tokens"]))
     if world.is_main:
         kept_tokens = sum(len(c.token_ids) for row in KEPT for c in step_groups(0, False)[0][row].responses)
@@ -80,7 +90,8 @@ def check_update(world, model_dir, out):
             json.dump({"dropped_groups_changed_weights": any(
                 not torch.equal(trained[k], again[k]) for k in trained),
                 "update_tokens": tokens, "kept_tokens": kept_tokens,
-                "grad_norm": stats.grad_norms[0], "multi_updates": len(multi.grad_norms),
+                "grad_norm": stats.grad_norms[0], "objective_gain": gain,
+                "multi_updates": len(multi.grad_norms),
                 "multi_clipped_tokens": clipped}, f)
 
 

