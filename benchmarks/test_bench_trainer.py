@@ -31,7 +31,7 @@ PARITY = ["reward.function=trainer_rewards:even_length", "sft_warmup.steps=0"]
 CASES = [  # (preset, engine, extra overrides)
     ("tiny", "vllm", PARITY),
     ("tiny", "hf", PARITY),
-    ("demo", "vllm", ["sft_warmup.steps=0", "rollout.max_new_tokens=16"]),
+    ("demo", "vllm", [*PARITY, "rollout.max_new_tokens=16"]),
 ]
 
 
