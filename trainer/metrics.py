@@ -64,6 +64,12 @@ class MetricsLogger:
             self.bar = tqdm(total=total_steps, initial=start, desc="GRPO", unit="step",
                             dynamic_ncols=True)
 
+    def start_clock(self) -> None:
+        """The bar's rate and ETA count from the first GRPO step, not from its creation (before
+        the warm-up, the engines and the first evaluation)."""
+        if self.bar is not None:
+            self.bar.unpause()
+
     def log(self, step: int, metrics: dict[str, float]) -> None:
         if not self.enabled:
             return

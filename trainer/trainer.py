@@ -137,6 +137,7 @@ class GRPOTrainer:
             f"{phase} {s:.1f} s" for phase, s in self.startup.seconds.items()))
         if self.resume_from is None:
             self._evaluate_and_log()
+        self.metrics.start_clock()
         while self.step < cfg.total_steps:
             step_metrics = self.train_step()
             self.step += 1
