@@ -10,11 +10,10 @@
 
 #include <pthread.h>
 
-#include <algorithm>
-#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
+#include <numeric>
 #include <system_error>
 #include <thread>
 
@@ -44,7 +43,9 @@ class Pool {
 
   void run(int64_t tasks, int threads, const Task& task) {
     std::unique_lock<std::mutex> job(job_mutex_, std::try_to_lock);
-    const int helpers = job.owns_lock() && tasks > 1 ? start_helpers(threads - 1) : 0;
+    // Task indices are the low 32 bits of next_ and job_.
+    const bool poolable = job.owns_lock() && tasks > 1 && tasks <= int64_t{0xFFFFFFFF};
+    const int helpers = poolable ? start_helpers(threads - 1) : 0;
     if (helpers == 0) {
       for (int64_t i = 0; i < tasks; ++i) task(i);
       return;
@@ -55,7 +56,8 @@ class Pool {
       generation = ++generation_;
       joining_ = helpers;
       task_.store(&task, std::memory_order_relaxed);
-      tasks_.store(tasks, std::memory_order_relaxed);
+      job_.store(uint64_t{generation} << 32 | static_cast<uint64_t>(tasks),
+                 std::memory_order_relaxed);
       finished_.store(0, std::memory_order_relaxed);
       next_.store(uint64_t{generation} << 32, std::memory_order_release);
     }
@@ -99,7 +101,12 @@ class Pool {
     for (;;) {
       if (static_cast<uint32_t>(state >> 32) != generation) return;
       const int64_t index = static_cast<int64_t>(state & 0xFFFFFFFFu);
-      const int64_t tasks = tasks_.load(std::memory_order_relaxed);
+      // The task count and its generation in one word: a helper whose job has just ended may
+      // read the next job's count before that job resets next_, and must not take it for its
+      // own (it would claim an index past its job's end and run the next job's task early).
+      const uint64_t job = job_.load(std::memory_order_relaxed);
+      if (static_cast<uint32_t>(job >> 32) != generation) return;
+      const int64_t tasks = static_cast<int64_t>(job & 0xFFFFFFFFu);
       if (index >= tasks) return;
       if (!next_.compare_exchange_weak(state, state + 1, std::memory_order_acq_rel)) continue;
       (*task_.load(std::memory_order_relaxed))(index);
@@ -119,18 +126,15 @@ class Pool {
   int joining_ = 0;  // helpers 0 .. joining_ - 1 take part in the current job
   std::atomic<uint64_t> next_{0};
   std::atomic<const Task*> task_{nullptr};
-  std::atomic<int64_t> tasks_{0};
+  std::atomic<uint64_t> job_{0};  // generation << 32 | number of tasks
   std::atomic<int64_t> finished_{0};
   int num_helpers_ = 0;  // started (detached) helpers; guarded by job_mutex_
 };
 
 }  // namespace
 
-double ThreadChoice::History::median() const {
-  std::array<double, kSamples> sorted;
-  std::copy(cost, cost + kSamples, sorted.begin());
-  std::nth_element(sorted.begin(), sorted.begin() + kSamples / 2, sorted.end());
-  return sorted[kSamples / 2];
+double ThreadChoice::History::mean() const {
+  return std::accumulate(cost, cost + kSamples, 0.0) / kSamples;
 }
 
 bool ThreadChoice::pick() {
@@ -139,7 +143,7 @@ bool ThreadChoice::pick() {
   // Measure both first: the team, then the caller alone.
   if (history_[1].count < kSamples) return true;
   if (history_[0].count < kSamples) return false;
-  const bool team_is_faster = history_[1].median() <= history_[0].median();
+  const bool team_is_faster = history_[1].mean() <= history_[0].mean();
   return calls_ % kProbeInterval == 0 ? !team_is_faster : team_is_faster;
 }
 

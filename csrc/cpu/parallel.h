@@ -62,14 +62,18 @@ class ThreadChoice {
   }
 
  private:
-  static constexpr int kSamples = 5;  // per choice: the median of the last kSamples calls
+  // Per choice: the mean of the last kSamples calls. Not the median: on busy cores a team call
+  // either runs at full speed or stalls for a scheduler slice on a preempted helper, and a step
+  // runs several kernels, so stalls in a minority of each kernel's calls (which a median hides)
+  // still slow most steps down. The mean charges the team for them.
+  static constexpr int kSamples = 8;
   static constexpr int64_t kProbeInterval = 16;
 
   struct History {
     double cost[kSamples];
     int count = 0;
     int next = 0;
-    double median() const;  // of a full history
+    double mean() const;  // of a full history
   };
 
   bool pick();
