@@ -125,7 +125,8 @@ def busy_table(times: dict) -> list[str]:
     rows = {key: row for key, row in times.items() if f"cpu {BUSY_CASES[0]}" in row}
     if not rows:
         return []
-    head = ["B", "G", *BUSY_CASES, "busy default / busy single (calls in turn)", "busy default / quiet single",
+    head = ["B", "G", *BUSY_CASES, "busy default / busy single (calls in turn)",
+            "busy default / quiet single",
             "load avg quiet / busy"]
     lines = ["", "## CPU step with every core busy", "",
              "`single`: `LZE_NUM_THREADS=1`; `default`: up to `torch.get_num_threads()` threads "

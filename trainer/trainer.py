@@ -107,8 +107,9 @@ class GRPOTrainer:
                 raise ConfigError(f"data.eval: every prompt of {source!r} is also a training "
                                   "prompt (choose another seed or set, or set "
                                   "data.eval_drop_train_prompts=false)")
-            self.eval_notes.append(f"held-out {name}: {len(unseen)} prompts ({len(rows) - len(unseen)} "
-                                   "dropped: also training prompts)")
+            dropped = len(rows) - len(unseen)
+            self.eval_notes.append(f"held-out {name}: {len(unseen)} prompts ({dropped} dropped: "
+                                   "also training prompts)")
             rows = unseen
         return prompts.tokenize(name, rows, self.tokenizer, cfg.data.max_prompt_tokens)
 

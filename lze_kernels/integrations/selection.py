@@ -71,14 +71,11 @@ def selection_metrics(selection: GroupSelection,
                       selector: Optional[LZESelector]) -> dict[str, float]:
     """``lze/kept_ratio`` (kept groups / B); with a selector also ``lze/energy_mean`` over the
     step's groups and ``lze/pruned``, the fraction of the dataset the forward pruner skips."""
-    metrics = {"lze/kept_ratio": selection.num_kept.item() / selection.keep.shape[0]}
+    values = {"lze/kept_ratio": selection.num_kept.float() / selection.keep.shape[0]}
     if selection.step is not None:
-        metrics["lze/energy_mean"] = selection.step.energy.mean().item()
+        values["lze/energy_mean"] = selection.step.energy.mean()
     if selector is not None:
-        metrics["lze/pruned"] = pruned_fraction(selector)
-    return metrics
-
-
-def pruned_fraction(selector: LZESelector) -> float:
-    flags = selector.state.istate[: selector.num_prompts, L.FLAGS]
-    return ((flags & L.FLAG_PRUNED) != 0).float().mean().item()
+        flags = selector.state.istate[: selector.num_prompts, L.FLAGS]
+        values["lze/pruned"] = ((flags & L.FLAG_PRUNED) != 0).float().mean()
+    # One device-to-host copy per logged step (the frameworks log host floats).
+    return dict(zip(values, torch.stack(list(values.values())).tolist()))

@@ -81,7 +81,8 @@ def check_update(world, model_dir, out):
     trained, tokens, stats, gain = train_once(world, model_dir, dropped_noise=False)
     again, _, _, _ = train_once(world, model_dir, dropped_noise=True)
     # Two passes over two mini-batches: four optimizer steps against recomputed old log-probs.
-    _, _, multi, _ = train_once(world, model_dir, False, "actor.ppo_epochs=2", "actor.mini_batches=2")
+    _, _, multi, _ = train_once(world, model_dir, False, "actor.ppo_epochs=2",
+                                "actor.mini_batches=2")
     clipped = D.all_reduce(float(multi.as_dict()["clipped_tokens"]))
     if world.is_main:
         kept_tokens = sum(len(c.token_ids) for row in KEPT for c in step_groups(0, False)[0][row].responses)

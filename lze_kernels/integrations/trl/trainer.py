@@ -158,13 +158,17 @@ class LZEGRPOTrainer(GRPOTrainer):
 
         local = slice(self.accelerator.process_index * len(inputs),
                       (self.accelerator.process_index + 1) * len(inputs))
-        keep = selection.keep.repeat_interleave(group)[local]
+        # The loss slices kept rows to host-known shapes (TRL's loss needs the same rows on every
+        # process), so the keep flags come to the host once per generation batch, where TRL has
+        # synchronised for its rewards anyway; each micro-batch then reads host memory only.
+        keep_groups = selection.keep.cpu()
+        keep = keep_groups.repeat_interleave(group)[local]
         loss_mask = output["completion_mask"]
         if "tool_mask" in output:
             loss_mask = loss_mask * output["tool_mask"]
         output[KEEP_KEY] = keep
-        output[KEPT_KEY] = selection.num_kept * group
-        kept_tokens = (loss_mask * keep[:, None]).sum()
+        output[KEPT_KEY] = keep_groups.sum() * group
+        kept_tokens = (loss_mask * keep.to(loss_mask.device)[:, None]).sum()
         output["num_items_in_batch"] = self.accelerator.gather(kept_tokens).sum()
 
         self.lze_last_selection = selection
@@ -195,7 +199,7 @@ class LZEGRPOTrainer(GRPOTrainer):
             return super()._compute_loss(model, inputs)
         kept_in_generation = int(inputs[KEPT_KEY])
         batch = {key: value for key, value in inputs.items() if key not in (KEEP_KEY, KEPT_KEY)}
-        rows = keep.nonzero().squeeze(1)
+        rows = keep.nonzero().squeeze(1).to(self.accelerator.device)  # keep is on the host
         width = self._rows_per_process(rows.numel())
         batch = take_kept_rows(batch, rows, width, keep.shape[0])
         weight = self._micro_batch_weight(rows.numel(), width, kept_in_generation)
