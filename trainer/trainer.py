@@ -22,7 +22,6 @@ from typing import Optional
 import numpy as np
 import psutil
 import torch
-import torch.distributed as dist
 
 from . import checkpoint, metrics, model_source, prompts
 from . import distributed as D
@@ -66,8 +65,8 @@ class GRPOTrainer:
             self.metrics.write(note)
         if cfg.sft_warmup.steps:
             with self.startup("sft_warmup"):
-                model_dir = warm_up(cfg, world, model_dir, self.train, self.tokenizer,
-                                    self.run_dir, self._log_warmup)
+                model_dir = warm_up(cfg, world, model_dir, self._warmup_examples,
+                                    self.tokenizer, self.run_dir, self._log_warmup)
         self._build_engine_and_actor(model_dir)
         self.selector = GroupSelector(cfg, len(self.train), world.device)
         self.sampler = PromptSampler(len(self.train), seed=cfg.trainer.seed)
@@ -112,6 +111,25 @@ class GRPOTrainer:
                                    "also training prompts)")
             rows = unseen
         return prompts.tokenize(name, rows, self.tokenizer, cfg.data.max_prompt_tokens)
+
+    def _warmup_examples(self) -> prompts.PromptSet:
+        """What the supervised warm-up learns from: ``sft_warmup.data`` without the held-out
+        prompts, or the training prompts."""
+        cfg = self.cfg
+        if not cfg.sft_warmup.data:
+            return self.train
+        with self.startup("data"):
+            rows = prompts.load(cfg.sft_warmup.data, cfg.data)
+            if cfg.data.eval_drop_train_prompts:
+                heldout = [row for eval_set in self.eval_sets for row in eval_set.rows]
+                kept = prompts.without_prompts_of(rows, heldout)
+                self.metrics.write(f"warm-up examples: {len(kept)} ({len(rows) - len(kept)} "
+                                   "dropped: held-out prompts)")
+                rows = kept
+            if len(rows) < cfg.sft_warmup.batch_size // self.world.size:
+                raise ConfigError(f"sft_warmup.data: {len(rows)} examples, fewer than a batch "
+                                  f"(sft_warmup.batch_size={cfg.sft_warmup.batch_size})")
+            return prompts.tokenize("sft_warmup", rows, self.tokenizer, cfg.data.max_prompt_tokens)
 
     def _build_engine_and_actor(self, model_dir: str) -> None:
         """The rollout engine first, then DeepSpeed (the order colocated vLLM needs)."""
@@ -266,7 +284,7 @@ class GRPOTrainer:
         rows, rest = local.shape[0], tuple(local.shape[1:])
         gathered = torch.empty((self.world.size * rows,) + rest, dtype=local.dtype,
                                device=local.device)
-        dist.all_gather_into_tensor(gathered, local.contiguous())
+        D.all_gather_rows(gathered, local)
         return gathered.view((self.world.size, rows) + rest)[::self.tp].flatten(0, 1)
 
     # ================================================================== 5. update

@@ -1,7 +1,9 @@
 """Supervised warm-up: a few steps of prompt -> answer training before GRPO (``sft_warmup``).
 
 A model that never produces a correct answer gets zero GRPO gradient (every group has p = 0), so a
-small or base model is first taught the task's answer format on the training prompts. The result
+small or base model is first taught the task's answer format: on the training prompts, or on
+``sft_warmup.data``, examples from elsewhere (a separate stream of the same procedural task, say,
+so that the warm-up teaches the task rather than the answers of the GRPO prompts). The result
 is written as a Hugging Face checkpoint in the run folder and the GRPO actor and the rollout
 engines load it from there; a run with the same warm-up settings (a resumed one, or the same
 preset run again) finds it and skips the warm-up; changed settings redo it.
@@ -13,6 +15,7 @@ import gc
 import json
 from dataclasses import asdict
 from pathlib import Path
+from typing import Callable
 
 from . import distributed as D
 from .actor import Actor, Schedule
@@ -25,22 +28,25 @@ from .rollout import Completion
 DONE = "SFT_COMPLETE"
 
 
-def warm_up(cfg, world: D.World, model_dir: str, train: PromptSet, tokenizer, run_dir: Path,
-            log) -> str:
-    """Train ``sft_warmup.steps`` steps from ``model_dir``; returns the warmed model's folder."""
+def warm_up(cfg, world: D.World, model_dir: str, load_examples: Callable[[], PromptSet],
+            tokenizer, run_dir: Path, log) -> str:
+    """Train ``sft_warmup.steps`` steps from ``model_dir`` on ``load_examples()`` (prompts with
+    their reference answers, loaded only when there is no warmed model to reuse); returns the
+    warmed model's folder."""
     out_dir = Path(run_dir) / "sft_model"
     identity = _identity(cfg)
     if (out_dir / DONE).exists() and json.loads((out_dir / DONE).read_text() or "{}") == identity:
         return str(out_dir)
     s = cfg.sft_warmup
+    examples = load_examples()
     actor = Actor(cfg, world, model_dir, Schedule(s.lr, s.steps, warmup_steps=max(1, s.steps // 10),
-                                                  kind="cosine"))
-    sampler = PromptSampler(len(train), seed=cfg.trainer.seed + 1)
+                                                  kind=s.lr_schedule))
+    sampler = PromptSampler(len(examples), seed=cfg.trainer.seed + 1)
     per_rank = s.batch_size // world.size
     eos = [tokenizer.eos_token_id]
     for step in range(1, s.steps + 1):
         rows = sampler.next(s.batch_size)[world.rank * per_rank:(world.rank + 1) * per_rank]
-        groups = [_example(train, i, tokenizer, s.answer_template, eos) for i in rows]
+        groups = [_example(examples, i, tokenizer, s.answer_template, eos) for i in rows]
         count = int(D.all_reduce(num_micro_batches(groups, cfg.actor.micro_batch_size), "max"))
         tokens = D.all_reduce(sum(len(g.responses[0].token_ids) for g in groups))
         loss_sum, skipped = actor.sft_update(
@@ -59,14 +65,15 @@ def warm_up(cfg, world: D.World, model_dir: str, train: PromptSet, tokenizer, ru
 
 def _identity(cfg) -> dict:
     """What the warmed model depends on: its start, its data and the warm-up settings."""
+    held_out = cfg.data.eval if cfg.sft_warmup.data and cfg.data.eval_drop_train_prompts else []
     return {"model": cfg.model.path, "train": cfg.data.train, "seed": cfg.trainer.seed,
-            "sft_warmup": asdict(cfg.sft_warmup)}
+            "sft_warmup": asdict(cfg.sft_warmup), "dropped_held_out": held_out}
 
 
-def _example(train: PromptSet, i: int, tokenizer, template: str, eos: list[int]) -> RolloutGroup:
+def _example(examples: PromptSet, i: int, tokenizer, template: str, eos: list[int]) -> RolloutGroup:
     """The prompt and its reference answer as a one-response group (loss on the answer only)."""
-    answer = tokenizer(template.format(answer=train.rows[i]["ground_truth"]),
+    answer = tokenizer(template.format(answer=examples.rows[i]["ground_truth"]),
                        add_special_tokens=False)["input_ids"] + eos
-    return RolloutGroup(row=i, prompt_id=i, prompt=train.token_ids[i],
+    return RolloutGroup(row=i, prompt_id=i, prompt=examples.token_ids[i],
                         responses=[Completion(answer, [0.0] * len(answer), truncated=False)],
                         rewards=[0.0], advantages=[0.0])
