@@ -1,4 +1,5 @@
-"""What every benchmark here shares: fresh inputs per round and the timing loop.
+"""What every benchmark here shares: fresh inputs per round, the timing loop, and the results
+files that collect cases across runs.
 
 Each round gets fresh binary rewards and fresh distinct ids, made outside the timed region from a
 seed that depends only on (B, G), so every variant sees the same sequence of inputs. On a GPU the
@@ -8,8 +9,10 @@ kernels of one call are recorded as well.
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -96,3 +99,14 @@ def _kernel_launches(step, inputs) -> int:
         step(*args)
         torch.cuda.synchronize()
     return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
+def merge_result(path: Path, case: str, value: dict) -> dict:
+    """Write ``value`` as ``case`` into the JSON table at ``path``, keeping the cases that other
+    runs recorded there; returns the whole table."""
+    path = Path(path)
+    table = json.loads(path.read_text()) if path.exists() else {}
+    table[case] = value
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(table, indent=1))
+    return table

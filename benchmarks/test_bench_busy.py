@@ -67,10 +67,7 @@ def _cases():
 
 @pytest.mark.parametrize("batch, group, load, threads", _cases())
 def test_cpu_step_under_load(benchmark, monkeypatch, batch, group, load, threads):
-    if THREADS[threads] is None:
-        monkeypatch.delenv("LZE_NUM_THREADS", raising=False)
-    else:
-        monkeypatch.setenv("LZE_NUM_THREADS", THREADS[threads])
+    _use_threads(monkeypatch, threads)
     inputs = RoundInputs(batch, group, CPU)
     selector = LZESelector(inputs.num_prompts, device=CPU, backend="cpu")
 
@@ -88,6 +85,14 @@ def test_cpu_step_under_load(benchmark, monkeypatch, batch, group, load, threads
         benchmark.extra_info["load_average"] = os.getloadavg()[0]
 
 
+def _use_threads(monkeypatch, threads: str) -> None:
+    """The backend reads LZE_NUM_THREADS at every call (unset: its default)."""
+    if THREADS[threads] is None:
+        monkeypatch.delenv("LZE_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("LZE_NUM_THREADS", THREADS[threads])
+
+
 def _interleaved(step, inputs, monkeypatch, rounds: int = 41) -> dict:
     """Median seconds of single-thread and default calls taken in turn under the same spinners.
     Separate cases see different moments of a shared machine (the busy single-thread time alone
@@ -96,10 +101,7 @@ def _interleaved(step, inputs, monkeypatch, rounds: int = 41) -> dict:
     seconds = {"single": [], "default": []}
     for _ in range(rounds):
         for threads in seconds:
-            if THREADS[threads] is None:
-                monkeypatch.delenv("LZE_NUM_THREADS", raising=False)
-            else:
-                monkeypatch.setenv("LZE_NUM_THREADS", THREADS[threads])
+            _use_threads(monkeypatch, threads)
             args, _ = inputs()
             start = time.perf_counter()
             step(*args)

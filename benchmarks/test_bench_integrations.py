@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 import torch
 from baselines import PythonLoopSelector, _group_mean_std, _write_advantages
+from bench_common import merge_result
 
 from lze_kernels import LZEConfig
 
@@ -36,15 +37,9 @@ ROUNDS = 7
 
 
 def _record(key: str, value: dict) -> None:
-    results = {}
-    if os.path.exists(RESULTS):
-        with open(RESULTS) as f:
-            results = json.load(f)
-    results[key] = {**value, "load_average": os.getloadavg()}
-    os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
-    with open(RESULTS, "w") as f:
-        json.dump(results, f, indent=1)
-    print(key, json.dumps(results[key]))
+    value = {**value, "load_average": os.getloadavg()}
+    merge_result(RESULTS, key, value)
+    print(key, json.dumps(value))
 
 
 def _median_seconds(fn, make_args, rounds=ROUNDS) -> float:

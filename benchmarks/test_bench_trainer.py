@@ -20,6 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
+from bench_common import merge_result  # noqa: E402
 from trainer_launch import tail, train  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -59,11 +60,7 @@ def test_trainer_step_phases(benchmark, tmp_path, preset, engine, extra):
 
 
 def _record(case: str, summary: dict) -> None:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / "trainer_phases.json"
-    table = json.loads(path.read_text()) if path.exists() else {}
-    table[case] = summary
-    path.write_text(json.dumps(table, indent=2))
+    table = merge_result(RESULTS / "trainer_phases.json", case, summary)
     lines = ["| case | " + " | ".join(PHASES) + " | select share |",
              "|---" * (len(PHASES) + 2) + "|"]
     for name, s in sorted(table.items()):

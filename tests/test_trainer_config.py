@@ -70,6 +70,18 @@ def test_world_checks():
         C.validate_world(C.load("tiny", ["sft_warmup.batch_size=33"]), 2)
 
 
+def test_warm_up_refuses_fewer_examples_than_a_batch(tmp_path):
+    """A warm-up step draws sft_warmup.batch_size distinct examples: a smaller warm-up set is a
+    config error (exit 2 on every rank), found before any model is loaded."""
+    from lze_trainer.prompts import PromptSet
+    from lze_trainer.warmup import warm_up
+
+    cfg = C.load("tiny", ["sft_warmup.batch_size=32"])
+    too_few = PromptSet("sft_warmup", rows=[{"ground_truth": "1"}] * 31, token_ids=[[1]] * 31)
+    with pytest.raises(C.ConfigError, match="sft_warmup.batch_size: 32 .* only 31"):
+        warm_up(cfg, None, "unused", lambda: too_few, None, tmp_path, None)
+
+
 def test_unknown_preset_lists_presets():
     with pytest.raises(C.ConfigError, match="presets: .*tiny"):
         C.load("no-such-preset")

@@ -114,22 +114,18 @@ class GRPOTrainer:
 
     def _warmup_examples(self) -> prompts.PromptSet:
         """What the supervised warm-up learns from: ``sft_warmup.data`` without the held-out
-        prompts, or the training prompts."""
+        prompts, or the training prompts (loaded inside the warm-up's start-up phase)."""
         cfg = self.cfg
         if not cfg.sft_warmup.data:
             return self.train
-        with self.startup("data"):
-            rows = prompts.load(cfg.sft_warmup.data, cfg.data)
-            if cfg.data.eval_drop_train_prompts:
-                heldout = [row for eval_set in self.eval_sets for row in eval_set.rows]
-                kept = prompts.without_prompts_of(rows, heldout)
-                self.metrics.write(f"warm-up examples: {len(kept)} ({len(rows) - len(kept)} "
-                                   "dropped: held-out prompts)")
-                rows = kept
-            if len(rows) < cfg.sft_warmup.batch_size // self.world.size:
-                raise ConfigError(f"sft_warmup.data: {len(rows)} examples, fewer than a batch "
-                                  f"(sft_warmup.batch_size={cfg.sft_warmup.batch_size})")
-            return prompts.tokenize("sft_warmup", rows, self.tokenizer, cfg.data.max_prompt_tokens)
+        rows = prompts.load(cfg.sft_warmup.data, cfg.data)
+        if cfg.data.eval_drop_train_prompts:
+            heldout = [row for eval_set in self.eval_sets for row in eval_set.rows]
+            kept = prompts.without_prompts_of(rows, heldout)
+            self.metrics.write(f"warm-up examples: {len(kept)} ({len(rows) - len(kept)} "
+                               "dropped: held-out prompts)")
+            rows = kept
+        return prompts.tokenize("sft_warmup", rows, self.tokenizer, cfg.data.max_prompt_tokens)
 
     def _build_engine_and_actor(self, model_dir: str) -> None:
         """The rollout engine first, then DeepSpeed (the order colocated vLLM needs)."""

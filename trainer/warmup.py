@@ -20,6 +20,7 @@ from typing import Callable
 from . import distributed as D
 from .actor import Actor, Schedule
 from .batch import RolloutGroup, micro_batches, num_micro_batches
+from .config import ConfigError
 from .data import PromptSampler
 from .loss import Normaliser
 from .prompts import PromptSet
@@ -39,6 +40,9 @@ def warm_up(cfg, world: D.World, model_dir: str, load_examples: Callable[[], Pro
         return str(out_dir)
     s = cfg.sft_warmup
     examples = load_examples()
+    if len(examples) < s.batch_size:  # a step draws sft_warmup.batch_size distinct examples
+        raise ConfigError(f"sft_warmup.batch_size: {s.batch_size} examples per step, but the "
+                          f"warm-up has only {len(examples)}")
     actor = Actor(cfg, world, model_dir, Schedule(s.lr, s.steps, warmup_steps=max(1, s.steps // 10),
                                                   kind=s.lr_schedule))
     sampler = PromptSampler(len(examples), seed=cfg.trainer.seed + 1)

@@ -50,6 +50,7 @@ class EpochPlanner:
             else:
                 candidates = torch.arange(n, device=device)
             order, eligible = self.selector.take_eligible(candidates, n)
+            # Once per epoch: the DataLoader yields host ints, so the order lives on the host.
             self._epoch, self._order = epoch, order.cpu()
             self._num_eligible = int(eligible.sum())
         return self._order, self._num_eligible
@@ -97,6 +98,7 @@ class PrunedRepeatSampler(Sampler[int]):
         order, num_eligible = self.planner.plan(self.epoch)
         self.epoch += 1  # a loop that never calls set_epoch still moves on
         for chunk in range(self.planner.num_prompts // self.batch_size):
+            # ``order`` is a host tensor (plan): no device sync here.
             prompts = chunk_prompts(order, num_eligible, chunk, self.batch_size).tolist()
             for _ in range(self.repeat_count):
                 for index in prompts:

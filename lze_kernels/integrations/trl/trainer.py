@@ -172,6 +172,8 @@ class LZEGRPOTrainer(GRPOTrainer):
         output["num_items_in_batch"] = self.accelerator.gather(kept_tokens).sum()
 
         self.lze_last_selection = selection
+        # TRL keeps host floats per generation batch (as for its rewards): one small copy, after
+        # the keep flags' copy above has already waited for the selection kernels.
         for name, value in selection_metrics(selection, self.lze_selector).items():
             self._metrics["train"][name].append(value)
 
