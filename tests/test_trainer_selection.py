@@ -5,6 +5,9 @@ import torch
 
 from lze_kernels import ops
 from lze_trainer import config as C
+from lze_trainer import methods
+from lze_trainer.data import PromptSampler
+from lze_trainer.generation import GatheredGroups
 from lze_trainer.selection import GroupSelector
 
 # Rows: all right, all wrong, 1/4, 1/2, 3/4, 2/4 with a ragged group, and a row without rollouts.
@@ -16,9 +19,31 @@ VALID[6] = False
 IDS = torch.arange(7)
 
 
+class _Method:
+    """A selection method of the trainer on hand-made rewards (no engines)."""
+
+    def __init__(self, policy, *overrides):
+        cfg = C.load("tiny", [f"selection.policy={policy}", "selection.noise_scale=0", *overrides])
+        self.selector = GroupSelector(cfg, num_prompts=10, device=torch.device("cpu"))
+        self.method = methods.build(methods.MethodContext(
+            cfg=cfg, num_prompts=10, device=torch.device("cpu"), selector=self.selector,
+            sampler=PromptSampler(10, seed=0), generation=None))
+
+    def select(self, rewards, ids, valid, step):
+        plan = methods.PromptPlan(ids, [int(n) for n in valid.sum(dim=1)])
+        lengths = valid.to(torch.int32)
+        batch = methods.StepBatch(plan, [], GatheredGroups(rewards, valid, lengths))
+        return self.method.select(batch, step)
+
+    def num_pruned(self):
+        return self.selector.num_pruned()
+
+    def choose_prompts(self, candidates, batch_size):
+        return self.selector.choose_prompts(candidates, batch_size)
+
+
 def selector(policy, *overrides):
-    cfg = C.load("tiny", [f"selection.policy={policy}", "selection.noise_scale=0", *overrides])
-    return GroupSelector(cfg, num_prompts=10, device=torch.device("cpu"))
+    return _Method(policy, *overrides)
 
 
 def test_uniform_keeps_every_group_with_rollouts():

@@ -266,6 +266,12 @@ class Actor:
         D.barrier()
 
     @property
+    def num_parameters(self) -> int:
+        """P of the FLOPs proxy (:mod:`lze_trainer.compute`); whole sizes under ZeRO-3."""
+        return sum(getattr(p, "ds_numel", p.numel())
+                   for p in self.engine.module.parameters())
+
+    @property
     def lr(self) -> float:
         return self.engine.get_lr()[0]
 

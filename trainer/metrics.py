@@ -15,18 +15,39 @@ PLOT_FILE = "training_curves.png"
 
 
 class Timer:
-    """Wall-clock seconds per named phase of one step (``timing_s/<phase>``)."""
+    """Wall-clock seconds per named phase of one step (``timing_s/<phase>``).
+
+    Phases are exclusive: a phase entered inside another (a DOTS reference rollout inside the
+    prompt phase) pauses the outer one, so the phases of a step add up to its wall time. A phase
+    timed with ``inclusive=True`` (the whole step) stays outside that accounting."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
+        self._open: list[list] = []  # [phase, start of its current stretch]
 
     @contextmanager
-    def __call__(self, phase: str) -> Iterator[None]:
+    def __call__(self, phase: str, inclusive: bool = False) -> Iterator[None]:
         start = time.perf_counter()
+        if inclusive:
+            try:
+                yield
+            finally:
+                self._add(phase, time.perf_counter() - start)
+            return
+        if self._open:
+            outer = self._open[-1]
+            self._add(outer[0], start - outer[1])
+        self._open.append([phase, start])
         try:
             yield
         finally:
-            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start
+            end = time.perf_counter()
+            self._add(phase, end - self._open.pop()[1])
+            if self._open:
+                self._open[-1][1] = end
+
+    def _add(self, phase: str, seconds: float) -> None:
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + seconds
 
     def as_metrics(self) -> dict[str, float]:
         return {f"timing_s/{phase}": s for phase, s in self.seconds.items()}

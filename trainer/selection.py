@@ -1,13 +1,10 @@
-"""Which prompt groups of a step reach the actor update (``selection.policy``).
+"""The LZE selector state every selection method shares (:mod:`lze_trainer.methods`).
 
 Every rank runs the same :class:`lze_kernels.LZESelector` on the same all-gathered rewards, so all
-ranks hold identical selector state without any broadcast. The selector always runs: it gives the
-GRPO advantages (SPEC 2) and keeps each prompt's history (anchor, EMA, solved streak) current, so
-switching policy, warm-up steps and the forward pruner all see the same state.
-
-* ``uniform``: keep every group with responses (plain GRPO);
-* ``dapo``: keep groups whose rewards are not all equal (DAPO dynamic sampling, Yu et al. 2025);
-* ``lze``: keep the top ``floor(keep_ratio * B)`` groups by Learning-Zone Energy (SPEC 3-4).
+ranks hold identical selector state without any broadcast. The selector always runs, whatever
+``selection.policy`` is: it gives the GRPO advantages (SPEC 2) and keeps each prompt's history
+(anchor, EMA, solved streak) current, so switching policy, warm-up steps and the forward pruner
+all see the same state. Which groups reach the update is the method's choice.
 """
 
 from __future__ import annotations
@@ -17,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lze_kernels import LZEConfig, LZESelector, ops
+from lze_kernels import LZEConfig, LZESelector
 
 
 @dataclass
@@ -36,8 +33,6 @@ def candidates_per_step(prune: bool, candidate_factor: float, batch_size: int) -
 class GroupSelector:
     def __init__(self, cfg, num_prompts: int, device: torch.device):
         s = cfg.selection
-        self.policy = s.policy
-        self.warmup_steps = s.warmup_steps
         self.prune = s.prune
         self.candidate_factor = s.candidate_factor
         self.lze = LZESelector(num_prompts, LZEConfig(
@@ -58,18 +53,12 @@ class GroupSelector:
     def begin_epoch(self) -> None:
         self.lze.begin_epoch()
 
-    def select(self, rewards: torch.Tensor, prompt_ids: torch.Tensor, valid: torch.Tensor,
-               step: int) -> Selection:
-        """Score the step's groups ([B, G] rewards of all ranks) and choose the kept ones."""
+    def score(self, rewards: torch.Tensor, prompt_ids: torch.Tensor,
+              valid: torch.Tensor) -> Selection:
+        """Advantages, energies and LZE's top-k of the step's groups ([B, G] rewards of all
+        ranks); updates every scored prompt's state."""
         out = self.lze.step(rewards, prompt_ids, valid, check_inputs=False)
-        has_responses = valid.any(dim=1)
-        if self.policy == "uniform" or step < self.warmup_steps:
-            keep = has_responses
-        elif self.policy == "dapo":
-            keep = ops.dapo_keep_mask(rewards, valid)
-        else:
-            keep = out.keep_mask
-        return Selection(out.advantages, keep, out.energy, out.pass_rate)
+        return Selection(out.advantages, out.keep_mask, out.energy, out.pass_rate)
 
     def num_pruned(self) -> int:
         """Prompts the forward pruner currently skips (replays not counted out). Syncs."""

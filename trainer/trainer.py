@@ -23,16 +23,18 @@ import numpy as np
 import psutil
 import torch
 
-from . import checkpoint, metrics, model_source, prompts
+from . import checkpoint, methods, metrics, model_source, prompts
 from . import distributed as D
 from .actor import UPDATE_SUMS, Actor, Schedule, UpdateStats
 from .batch import RolloutGroup
+from .compute import ComputeLedger
 from .dispatch import dispatch_kept_groups, update_batches
 from .config import Config, ConfigError, to_yaml
 from .data import PromptSampler
 from .evaluate import evaluate
-from .reward import RewardScorer, as_correctness
-from .rollout import SamplingSpec, build_engine
+from .generation import Generation
+from .reward import RewardScorer
+from .rollout import build_engine
 from .selection import GroupSelector, Selection, candidates_per_step
 from .summary import run_summary
 from .warmup import warm_up
@@ -48,8 +50,9 @@ class GRPOTrainer:
         self.config_dict = {**asdict(cfg), "world_size": world.size}
         self.resume_from = checkpoint.find_resume_folder(self.run_dir, cfg.trainer.resume)
         self.step = 0
-        self.totals = {"total/rollouts": 0.0, "total/update_tokens": 0.0,
-                       "total/update_groups": 0.0, "total/generated_tokens": 0.0}
+        self.totals = {"total/update_groups": 0.0, "total/zero_variance_generated": 0.0,
+                       "total/zero_variance_trained": 0.0}
+        self.ledger = ComputeLedger()
         if world.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
@@ -68,12 +71,15 @@ class GRPOTrainer:
                 model_dir = warm_up(cfg, world, model_dir, self._warmup_examples,
                                     self.tokenizer, self.run_dir, self._log_warmup)
         self._build_engine_and_actor(model_dir)
-        self.selector = GroupSelector(cfg, len(self.train), world.device)
-        self.sampler = PromptSampler(len(self.train), seed=cfg.trainer.seed)
         self.scorer = RewardScorer(cfg.reward.function, cfg.reward.timeout_s,
                                    cfg.reward.num_workers)
-        self.sampling = SamplingSpec(cfg.rollout.temperature, cfg.rollout.top_p,
-                                     cfg.rollout.max_new_tokens)
+        self.generation = Generation(cfg, world, self.engine, self.scorer, self.train,
+                                     self.tokenizer, self.ledger, self.metrics.write)
+        self.method = methods.build(methods.MethodContext(
+            cfg=cfg, num_prompts=len(self.train), device=world.device,
+            selector=GroupSelector(cfg, len(self.train), world.device),
+            sampler=PromptSampler(len(self.train), seed=cfg.trainer.seed),
+            generation=self.generation, actor=self.actor))
         self.stop_requested = False
         signal.signal(signal.SIGTERM, self._on_sigterm)
 
@@ -132,7 +138,6 @@ class GRPOTrainer:
         cfg, world = self.cfg, self.world
         self.tp = cfg.rollout.tensor_parallel_size
         self.shard = world.rank // self.tp  # this rank's rollout engine
-        self.rows_per_shard = cfg.trainer.batch_size // (world.size // self.tp)
         max_model_len = cfg.rollout.max_model_len or (cfg.data.max_prompt_tokens
                                                       + cfg.rollout.max_new_tokens)
         with self.startup("engine"):
@@ -173,152 +178,91 @@ class GRPOTrainer:
         self._finish()
 
     def train_step(self) -> dict[str, float]:
+        """One step, phase by phase; the method decides what each phase rolls out and keeps
+        (:mod:`lze_trainer.methods`)."""
         timer = metrics.Timer()
-        with timer("step"):
+        self.generation.begin_step(self.step, timer)
+        with timer("step", inclusive=True):
             with timer("prompts"):
-                prompt_ids, counts = self._next_prompts()
+                plan = self.method.plan(self.step)
             with timer("rollout"):
-                groups = self._rollout(prompt_ids, counts)
+                groups = self.method.collect(plan)
                 self.engine.sleep()
-            with timer("reward"):
-                scoring = self._score(groups)
             with timer("select"):
-                selection, kept_rows, gathered = self._select(prompt_ids, groups)
-            update = self._update(groups, selection, kept_rows, timer)
+                batch, selection, kept_rows = self._select(plan, groups)
+                self.method.observe(batch, selection)
+            update = self._update(batch, selection, kept_rows, timer)
             with timer("sync"):
                 self.engine.load_weights(self.actor.named_weights())
-        step_metrics = self._step_metrics(timer, groups, gathered, selection, kept_rows, scoring,
-                                          update, counts)
+        step_metrics = self._step_metrics(timer, batch, selection, kept_rows, update)
         if self.cfg.trainer.dump_rollouts:
-            self._dump(prompt_ids, groups, gathered, kept_rows, step_metrics)
+            self._dump(batch, kept_rows, step_metrics)
         return step_metrics
-
-    # ================================================================== 1. prompts
-
-    def _next_prompts(self) -> tuple[torch.Tensor, list[int]]:
-        """The step's B prompt ids (identical on every rank) and each one's rollout count."""
-        B = self.cfg.trainer.batch_size
-        epoch_before = self.sampler.epoch
-        candidates = torch.tensor(self.sampler.next(self.selector.num_candidates(B)))
-        if self.sampler.epoch != epoch_before:
-            self.selector.begin_epoch()
-        prompt_ids, eligible = self.selector.choose_prompts(candidates, B)
-        r = self.cfg.rollout
-        if r.allocation:
-            counts = self.selector.lze.allocate_rollouts(
-                prompt_ids, total=B * r.n, tau=r.allocation_tau, n_min=r.allocation_min,
-                n_max=r.allocation_max)
-        else:
-            counts = torch.full((B,), r.n, dtype=torch.int64)
-        counts = torch.where(eligible.to(counts.device), counts, 0)
-        return prompt_ids.cpu(), counts.tolist()
-
-    # ================================================================== 2. rollout
-
-    def _shard_rows(self) -> range:
-        return range(self.shard * self.rows_per_shard, (self.shard + 1) * self.rows_per_shard)
-
-    def _rollout(self, prompt_ids: torch.Tensor, counts: list[int]) -> list[RolloutGroup]:
-        rows = self._shard_rows()
-        ids = [int(prompt_ids[i]) for i in rows]
-        completions = self.engine.generate(
-            [self.train.token_ids[i] for i in ids], [counts[i] for i in rows], self.sampling,
-            seed=self._seed("rollout"))
-        return [RolloutGroup(row=row, prompt_id=pid, prompt=self.train.token_ids[pid],
-                             responses=c, rewards=[]) for row, pid, c in zip(rows, ids, completions)]
-
-    def _seed(self, purpose: str) -> int:
-        """Engine seed of this step and shard: a resumed run samples what the lost one did."""
-        offset = {"rollout": 0, "eval": 1}[purpose]
-        return (self.cfg.trainer.seed * 1_000_003 + self.step * 7919 + self.shard * 104_729
-                + offset) % 2**31
-
-    # ================================================================== 3. reward
-
-    def _score(self, groups: list[RolloutGroup]) -> dict[str, float]:
-        texts, rows = [], []
-        for g in groups:
-            for c in g.responses:
-                texts.append(self.tokenizer.decode(c.token_ids, skip_special_tokens=True))
-                rows.append(self.train.rows[g.prompt_id])
-        result = self.scorer.score(texts, rows)
-        rewards = iter(as_correctness(result.rewards, self.cfg.reward.correct_threshold))
-        for g in groups:
-            g.rewards = [next(rewards) for _ in g.responses]
-        if result.first_error:
-            self.metrics.write(f"rank {self.world.rank}: {result.errors} scorer errors this step, "
-                               f"first: {result.first_error}")
-        return {"reward/scorer_errors": D.all_reduce(result.errors),
-                "reward/scorer_timeouts": D.all_reduce(result.timeouts)}
 
     # ================================================================== 4. select
 
-    def _select(self, prompt_ids: torch.Tensor, groups: list[RolloutGroup]):
-        """All-gather the step's rewards, run the selector (same on every rank), read the kept rows
-        to the host (the one sync of selection: the update needs them there)."""
-        width = self._group_width()
-        rewards = torch.zeros(len(groups), width, dtype=torch.float32)
-        lengths = torch.zeros(len(groups), width, dtype=torch.int32)
-        for i, g in enumerate(groups):
-            rewards[i, :len(g.rewards)] = torch.tensor(g.rewards, dtype=torch.float32)
-            lengths[i, :len(g.responses)] = torch.tensor([len(c.token_ids) for c in g.responses],
-                                                         dtype=torch.int32)
-        valid = torch.arange(width) < torch.tensor([[len(g.responses)] for g in groups])
-        rewards, valid, lengths = (self._gather_rows(t.to(self.world.device))
-                                   for t in (rewards, valid, lengths))
-        selection = self.selector.select(rewards, prompt_ids.to(self.world.device), valid, self.step)
+    def _select(self, plan: methods.PromptPlan, groups: list[RolloutGroup]):
+        """All-gather the step's rewards, let the method select (same on every rank), read the
+        kept rows to the host (the one sync of selection: the update needs them there)."""
+        gathered = self.generation.gather(groups, len(plan.counts), self._group_width())
+        batch = methods.StepBatch(plan, groups, gathered)
+        selection = self.method.select(batch, self.step)
         kept_rows = selection.keep_mask.nonzero().flatten().tolist()
-        self.selector.raise_if_faulted()
-        return selection, kept_rows, (rewards.cpu(), valid.cpu(), lengths.cpu())
+        self.method.ctx.selector.raise_if_faulted()
+        return batch, selection, kept_rows
 
     def _group_width(self) -> int:
         r = self.cfg.rollout
         return r.allocation_max if r.allocation else r.n
 
-    def _gather_rows(self, local: torch.Tensor) -> torch.Tensor:
-        """[B, ...] from every engine's [B / engines, ...] (tensor-parallel peers hold copies)."""
-        rows, rest = local.shape[0], tuple(local.shape[1:])
-        gathered = torch.empty((self.world.size * rows,) + rest, dtype=local.dtype,
-                               device=local.device)
-        D.all_gather_rows(gathered, local)
-        return gathered.view((self.world.size, rows) + rest)[::self.tp].flatten(0, 1)
-
     # ================================================================== 5. update
 
-    def _update(self, groups: list[RolloutGroup], selection: Selection,
+    def _update(self, batch: methods.StepBatch, selection: Selection,
                 kept_rows: list[int], timer) -> UpdateStats:
         with timer("dispatch"):
-            mine = dispatch_kept_groups(groups, selection.advantages.cpu(), kept_rows,
-                                        self.rows_per_shard, self.world, self.tp)
+            rows_per_shard = len(self.generation.local_rows(len(batch.plan.counts)))
+            mine = dispatch_kept_groups(batch.groups, selection.advantages.cpu(), kept_rows,
+                                        rows_per_shard, self.world, self.tp)
         with timer("update"):
             a = self.cfg.actor
             batches, norms = update_batches(mine, a.mini_batches, a.micro_batch_size,
                                             self.cfg.rollout.max_new_tokens, self.actor.pad_id)
-            return self.actor.update(batches, norms)
+            stats = self.actor.update(batches, norms)
+        local_tokens = float(stats.sums[UPDATE_SUMS.index("tokens")])
+        self.ledger.add("update", "train", local_tokens)
+        if a.ppo_epochs * len(batches) > 1:  # old log-probs were recomputed: one more forward
+            self.ledger.add("forward", "old_logprobs", local_tokens / a.ppo_epochs)
+        return stats
 
     # ================================================================== 6-7. log, eval, save
 
-    def _step_metrics(self, timer, groups, gathered, selection: Selection, kept_rows: list[int],
-                      scoring: dict, update: UpdateStats, counts: list[int]) -> dict[str, float]:
-        rewards, valid, _ = gathered
-        B = self.cfg.trainer.batch_size
+    def _step_metrics(self, timer, batch: methods.StepBatch, selection: Selection,
+                      kept_rows: list[int], update: UpdateStats) -> dict[str, float]:
+        g = batch.gathered
+        rewards, valid = g.rewards, g.valid
+        B = len(batch.plan.counts)
         responded = valid.any(dim=1)
         sums = dict(zip(UPDATE_SUMS, D.all_reduce_tensor(update.sums).tolist()))
         diff = D.all_reduce(float(update.engine_logprob_abs_diff_max), "max")
         grad_norms = update.grad_norms
         tokens = max(sums["tokens"], 1.0)
-        lengths = self._response_lengths(groups)
+        lengths = self._response_lengths(batch.groups)
+        zero_variance = g.zero_variance()
+        kept = torch.zeros(B, dtype=torch.bool)
+        kept[kept_rows] = True
         m = {
             "reward/mean": float(rewards[valid].mean()) if valid.any() else 0.0,
-            "reward/zero_std_frac": float(_zero_std(rewards, valid)[responded].float().mean())
+            "reward/zero_std_frac": float(zero_variance[responded].float().mean())
             if responded.any() else 0.0,
-            **scoring,
+            "select/zero_variance_trained_frac": float(zero_variance[kept].float().mean())
+            if kept_rows else 0.0,
+            **self.generation.take_scorer_counts(),
             "sa/kept_groups": float(len(kept_rows)),
-            "sa/kept_ratio": len(kept_rows) / B,
+            "sa/kept_ratio": len(kept_rows) / self.cfg.trainer.batch_size,
             "sa/energy_mean": float(selection.energy.cpu()[responded].mean()) if responded.any() else 0.0,
             "sa/pass_rate_mean": float(selection.pass_rate.cpu()[responded].mean()) if responded.any() else 0.0,
-            "sa/skipped_rollouts": float(sum(1 for c in counts if c == 0)),
-            "sa/pruned": float(self.selector.num_pruned()),
+            "sa/skipped_rollouts": float(sum(1 for c in batch.plan.counts if c == 0)),
+            "sa/pruned": float(self.method.ctx.selector.num_pruned()),
             "actor/pg_loss": sums["pg_loss"] / tokens,
             "actor/kl": sums["kl"] / tokens,
             "actor/entropy": sums["entropy"] / tokens,
@@ -330,15 +274,30 @@ class GRPOTrainer:
             "rollout/engine_logprob_diff_max": diff,
             **lengths,
         }
-        self.totals["total/rollouts"] += float(valid.sum())
-        self.totals["total/update_tokens"] += sums["tokens"]
         self.totals["total/update_groups"] += len(kept_rows)
-        self.totals["total/generated_tokens"] += lengths["response_length/sum"]
+        self.totals["total/zero_variance_generated"] += float(zero_variance.sum())
+        self.totals["total/zero_variance_trained"] += float(zero_variance[kept].sum())
+        m.update(self._compute_metrics())
         m.update(self.totals)
         m.update(timer.as_metrics())
         step_s = timer.seconds["step"]
         m["timing_s/select_share"] = timer.seconds["select"] / step_s
-        m["perf/tokens_per_s"] = lengths["response_length/sum"] / step_s
+        m["perf/tokens_per_s"] = m["compute/generated_tokens"] / step_s
+        return m
+
+    def _compute_metrics(self) -> dict[str, float]:
+        """The step's compute ledger summed over ranks (``compute/<kind>/<purpose>``), running
+        totals, and the sums over purposes the summary and the plots read."""
+        reduced: dict = {}
+        for counts in D.all_gather_object(dict(self.ledger.step)):
+            for key, value in counts.items():
+                reduced[key] = reduced.get(key, 0.0) + value
+        m = self.ledger.close_step(reduced, self.actor.num_parameters)
+        for kind in ("rollouts", "generated", "prefill", "update"):
+            step = sum(v for k, v in m.items() if k.startswith(f"compute/{kind}/"))
+            total = sum(v for k, v in m.items() if k.startswith(f"total/{kind}/"))
+            m[f"compute/{kind}_tokens" if kind != "rollouts" else "compute/rollouts"] = step
+            m[f"total/{kind}_tokens" if kind != "rollouts" else "total/rollouts"] = total
         return m
 
     def _response_lengths(self, groups: list[RolloutGroup]) -> dict[str, float]:
@@ -350,21 +309,22 @@ class GRPOTrainer:
         return {"response_length/mean": total / max(count, 1), "response_length/sum": total,
                 "response_length/clip_ratio": clipped / max(count, 1)}
 
-    def _dump(self, prompt_ids, groups, gathered, kept_rows, step_metrics) -> None:
+    def _dump(self, batch: methods.StepBatch, kept_rows, step_metrics) -> None:
         """One JSON line per step (rank 0): what was rolled out, scored, kept and trained on,
         with the responses of rank 0's engine as text (like verl's rollout_data_dir)."""
         if not self.world.is_main:
             return
-        rewards, valid, lengths = gathered
+        g = batch.gathered
         record = {
             "step": self.step + 1,
-            "prompt_ids": prompt_ids.tolist(),
-            "rewards": [r[v].tolist() for r, v in zip(rewards, valid)],
-            "response_tokens": [n[v].tolist() for n, v in zip(lengths, valid)],
+            "prompt_ids": batch.plan.prompt_ids.tolist(),
+            "rewards": [r[v].tolist() for r, v in zip(g.rewards, g.valid)],
+            "response_tokens": [n[v].tolist() for n, v in zip(g.lengths, g.valid)],
             "kept_rows": kept_rows,
             "pg_loss": step_metrics["actor/pg_loss"],
             "update_tokens": step_metrics["actor/update_tokens"],
-            "responses": [[self.tokenizer.decode(c.token_ids) for c in g.responses] for g in groups],
+            "responses": [[self.tokenizer.decode(c.token_ids) for c in grp.responses]
+                          for grp in batch.groups],
         }
         with open(self.run_dir / ROLLOUTS_FILE, "a") as f:
             f.write(json.dumps(record) + "\n")
@@ -374,7 +334,7 @@ class GRPOTrainer:
 
     def _evaluate(self) -> dict[str, float]:
         return evaluate(self.engine, self.eval_sets, self.scorer, self.tokenizer, self.cfg,
-                        self.world, self.shard, seed=self._seed("eval"))
+                        self.world, self.shard, seed=self.generation.seed("eval"))
 
     def _evaluate_and_log(self) -> None:
         """Step 0: held-out accuracy before training, and what start-up cost."""
@@ -385,22 +345,22 @@ class GRPOTrainer:
         self.metrics.write(_eval_line(self.step, results))
 
     def _save(self) -> None:
-        selector_state = self.selector.state_dict()
-        checksums = D.all_gather_object(_checksum(selector_state))
+        method_state = self.method.state_dict()
+        checksums = D.all_gather_object(_checksum(method_state["selector"]))
         if len(set(checksums)) != 1:  # the invariant all-gathered selection rests on
             raise RuntimeError(f"ranks hold different selector states (checksums {checksums})")
-        state = {"step": self.step, "sampler": self.sampler.state_dict(),
-                 "selector": selector_state, "totals": dict(self.totals),
-                 "config": self.config_dict, "selector_checksums": checksums}
+        state = {"step": self.step, "method": method_state, "totals": dict(self.totals),
+                 "compute": self.ledger.state_dict(), "config": self.config_dict,
+                 "selector_checksums": checksums}
         checkpoint.save(self.actor.engine, self.run_dir, self.step, state,
                         self.cfg.trainer.keep_checkpoints, self.world.rank)
 
     def _load(self, folder: Path) -> None:
         state = checkpoint.load(self.actor.engine, folder, self.world.rank, self.config_dict)
         self.step = state["step"]
-        self.sampler.load_state_dict(state["sampler"])
-        self.selector.load_state_dict(state["selector"])
+        self.method.load_state_dict(state["method"])
         self.totals.update(state["totals"])
+        self.ledger.load_state_dict(state["compute"])
         self.engine.load_weights(self.actor.named_weights())
         if self.world.is_main:
             metrics.truncate_jsonl(self.run_dir / ROLLOUTS_FILE, self.step)
@@ -439,12 +399,6 @@ def _check_batch_fits(cfg: Config, rows: int) -> None:
                 else f"trainer.batch_size = {drawn}")
         raise ConfigError(f"trainer.batch_size: {what} prompts per step, but data.train has only "
                          f"{rows} rows")
-
-
-def _zero_std(rewards: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    high = torch.where(valid, rewards, -math.inf).amax(dim=1)
-    low = torch.where(valid, rewards, math.inf).amin(dim=1)
-    return high == low
 
 
 def _checksum(state: dict) -> str:
