@@ -17,7 +17,7 @@ SOURCES := pyproject.toml setup.py CMakeLists.txt $(shell find csrc -type f 2>/d
 NPROC ?= 2
 ARGS ?=
 
-.PHONY: setup build demo test bench test-gpu-emulated test-gpu clean
+.PHONY: setup build demo test study bench test-gpu-emulated test-gpu clean
 
 setup: $(VENV)/.deps build
 
@@ -44,6 +44,10 @@ demo: setup
 test: setup
 	$(PY) -m pytest -q tests
 	bash tools/test_triton_latest.sh
+
+# The selection-method study (docs/study.md); QUICK=1: two methods, one seed, a few steps.
+study: setup
+	$(PY) -m lze_trainer.study $(if $(QUICK),--quick)
 
 bench: setup
 	$(PY) -m pytest -q benchmarks --benchmark-json=benchmarks/results/benchmarks.json

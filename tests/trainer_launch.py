@@ -34,3 +34,37 @@ def train(run_dir: Path, *overrides: str, nproc: int = 2, preset: str = "tiny",
 
 def tail(result: subprocess.CompletedProcess, lines: int = 60) -> str:
     return "\n".join((result.stdout + result.stderr).splitlines()[-lines:])
+
+
+def rerun_from_checkpoint(run_dir: Path, step: int, *overrides: str, **launch) -> Path:
+    """Resume a finished run from its checkpoint at ``step`` in a copy of its folder (later
+    checkpoints dropped): one launch proves exact resume against the run itself, where a
+    stop-and-resume pair would need a third launch for the reference."""
+    import shutil
+
+    from lze_trainer.checkpoint import checkpoints_dir, tag
+
+    copy = run_dir.parent / f"{run_dir.name}-from-{step}"
+    shutil.copytree(run_dir, copy)
+    for folder in checkpoints_dir(copy).glob("step_*"):
+        if folder.name > tag(step):
+            shutil.rmtree(folder)
+    result = train(copy, *overrides, "trainer.resume=auto", **launch)
+    if result.returncode != 0:
+        raise AssertionError(tail(result))
+    return copy
+
+
+def assert_same_steps(run_dir: Path, other_dir: Path, steps) -> None:
+    """Two runs' ``rollouts.jsonl`` (``trainer.dump_rollouts=true``) agree on ``steps``: the same
+    prompts, rewards, kept groups, responses and update."""
+    import pytest
+
+    from lze_trainer.metrics import read_jsonl
+
+    expected = {r["step"]: r for r in read_jsonl(run_dir / "rollouts.jsonl")}
+    actual = {r["step"]: r for r in read_jsonl(other_dir / "rollouts.jsonl")}
+    for step in steps:
+        for key in ("prompt_ids", "rewards", "kept_rows", "responses", "update_tokens"):
+            assert actual[step][key] == expected[step][key], (step, key)
+        assert actual[step]["pg_loss"] == pytest.approx(expected[step]["pg_loss"], abs=1e-6)

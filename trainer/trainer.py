@@ -161,6 +161,8 @@ class GRPOTrainer:
         while self.step < cfg.total_steps:
             step_metrics = self.train_step()
             self.step += 1
+            if self.step == 1:
+                self.metrics.write(_zero_variance_line(step_metrics))
             stop = D.any_rank(self.stop_requested) or self.step == cfg.stop_after_steps
             evaluated = bool(self.eval_sets) and (self._due(cfg.eval_every)
                                                   or self.step == cfg.total_steps)
@@ -256,6 +258,7 @@ class GRPOTrainer:
             if responded.any() else 0.0,
             "select/zero_variance_trained_frac": float(zero_variance[kept].float().mean())
             if kept_rows else 0.0,
+            **_solved_shares(g, responded),
             **self.generation.take_scorer_counts(),
             "sa/kept_groups": float(len(kept_rows)),
             "sa/kept_ratio": len(kept_rows) / self.cfg.trainer.batch_size,
@@ -399,6 +402,24 @@ def _check_batch_fits(cfg: Config, rows: int) -> None:
                 else f"trainer.batch_size = {drawn}")
         raise ConfigError(f"trainer.batch_size: {what} prompts per step, but data.train has only "
                          f"{rows} rows")
+
+
+def _zero_variance_line(m: dict[str, float]) -> str:
+    return (f"[step 1] zero-variance groups: {100 * m['reward/zero_std_frac']:.0f} % (all right "
+            f"{100 * m['reward/all_correct_frac']:.0f} %, all wrong "
+            f"{100 * m['reward/all_wrong_frac']:.0f} %)")
+
+
+def _solved_shares(g, responded: torch.Tensor) -> dict[str, float]:
+    """Shares of the step's groups with responses that are all right and all wrong (the two
+    kinds of zero-variance group; binary rewards)."""
+    if not responded.any():
+        return {"reward/all_correct_frac": 0.0, "reward/all_wrong_frac": 0.0}
+    low = torch.where(g.valid, g.rewards, torch.inf).amin(dim=1)
+    high = torch.where(g.valid, g.rewards, -torch.inf).amax(dim=1)
+    n = float(responded.sum())
+    return {"reward/all_correct_frac": float(((low == 1) & responded).sum()) / n,
+            "reward/all_wrong_frac": float(((high == 0) & responded).sum()) / n}
 
 
 def _checksum(state: dict) -> str:

@@ -1,0 +1,96 @@
+"""The study's report on hand-made runs with known curves (the runs themselves: make study)."""
+
+import csv
+import json
+
+import pytest
+
+from lze_trainer.study import WALL_FILE, is_finished
+from lze_trainer.study_report import (CSV_FILE, MARKDOWN_FILE, area_per_flop, curve, run_rows,
+                                      table_rows, write_report)
+
+
+def _write_run(folder, accuracies, flops_per_step, step_s=1.0, wall=60.0):
+    """A run that evaluates every step: greedy = accuracies[step], sampled = half of it."""
+    folder.mkdir(parents=True)
+    rows = [{"step": 0, "startup_s/data": 1.0},
+            {"step": 0, "eval/heldout/pass@1": accuracies[0],
+             "eval/heldout/sampled_acc": accuracies[0] / 2}]
+    for step in range(1, len(accuracies)):
+        rows.append({"step": step, "total/flops": step * flops_per_step,
+                     "total/rollouts": 8.0 * step, "total/generated_tokens": 40.0 * step,
+                     "total/update_tokens": 10.0 * step, "timing_s/step": step_s,
+                     "timing_s/rollout": step_s / 2, "timing_s/update": step_s / 4,
+                     "reward/zero_std_frac": 0.5, "select/zero_variance_trained_frac": 0.1,
+                     "reward/all_correct_frac": 0.2, "reward/all_wrong_frac": 0.3,
+                     "eval/heldout/pass@1": accuracies[step],
+                     "eval/heldout/sampled_acc": accuracies[step] / 2})
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / WALL_FILE).write_text(f"{wall}\n")
+
+
+@pytest.fixture
+def study(tmp_path):
+    runs = tmp_path / "runs"
+    # GRPO: 0.1 -> 0.5 in 4 steps at 100 FLOPs a step; LZE: the same accuracies at half the cost.
+    for seed in (0, 1):
+        _write_run(runs / f"grpo-s{seed}", [0.1, 0.2, 0.3, 0.4, 0.5], 100.0)
+        _write_run(runs / f"lze-s{seed}", [0.1, 0.2, 0.3, 0.5, 0.5], 50.0, step_s=0.5)
+        _write_run(runs / f"slow-s{seed}", [0.1, 0.1, 0.2, 0.2, 0.3], 100.0)
+    return {m: [runs / f"{m}-s{s}" for s in (0, 1)] for m in ("grpo", "lze", "slow")}
+
+
+def test_rows_are_cumulative_and_merge_step_zero(study):
+    rows = run_rows("grpo", 0, study["grpo"][0])
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
+    assert rows[0]["pass@1"] == 0.1 and rows[0]["flops"] == 0.0
+    assert [r["wall_s"] for r in rows] == [0.0, 1.0, 2.0, 3.0, 4.0]
+
+
+def test_ratios_against_grpo_area_and_final(study):
+    curves = {metric: {m: curve([run_rows(m, 0, f) for f in folders], metric)
+                       for m, folders in study.items()} for metric in ("pass@1", "sampled_acc")}
+    table = {(t["metric"], t["method"]): t for t in table_rows(curves, "grpo")}
+    grpo, lze, slow = (table[("pass@1", m)] for m in ("grpo", "lze", "slow"))
+    assert grpo["flops_ratio"] == pytest.approx(1.0) and grpo["target"] == pytest.approx(0.5)
+    # LZE reaches 0.5 at step 3 with 150 FLOPs; GRPO at step 4 with 400; wall 1.5 s vs 4 s.
+    assert lze["flops_ratio"] == pytest.approx(150 / 400)
+    assert lze["wall_ratio"] == pytest.approx(1.5 / 4)
+    assert slow["flops_ratio"] is None and slow["best"] == pytest.approx(0.3)
+    assert lze["final"] == pytest.approx(0.5) and lze["final_se"] == pytest.approx(0.0)
+    # Area over the smallest total (LZE's 200 FLOPs): GRPO rises 0.1 -> 0.3 there (mean 0.2).
+    assert grpo["area"] == pytest.approx(0.2)
+    assert area_per_flop(curves["pass@1"]["lze"], 200.0) == pytest.approx(
+        (0.15 * 50 + 0.25 * 50 + 0.4 * 50 + 0.5 * 50) / 200)
+
+
+def test_report_files(study, tmp_path):
+    out = tmp_path / "report"
+    path = write_report(study, "grpo", out)
+    text = path.read_text()
+    assert path == out / MARKDOWN_FILE
+    assert "| lze | 0.38x | 0.38x |" in text
+    assert "slow did not reach plain GRPO's final greedy pass@1 (0.500)" in text
+    assert "40 % of the groups had zero reward variance" not in text  # 50 %, from the data
+    assert "50 % of the groups had zero reward variance (20 % all right, 30 % all wrong" in text
+    assert "The runs took 6 min in all" in text
+    with open(out / CSV_FILE) as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 3 * 2 * 5
+    for png in ("study_accuracy.png", "study_zero_variance.png"):
+        assert (out / png).stat().st_size > 10_000
+
+
+def test_a_run_is_finished_only_at_its_last_step(study):
+    assert is_finished(study["grpo"][0], 4)
+    assert not is_finished(study["grpo"][0], 5)
+
+
+def test_no_ratio_when_grpo_never_beats_its_start(tmp_path):
+    runs = tmp_path / "runs"
+    _write_run(runs / "grpo-s0", [0.3, 0.2, 0.1], 100.0)
+    _write_run(runs / "lze-s0", [0.3, 0.4, 0.5], 50.0)
+    text = write_report({m: [runs / f"{m}-s0"] for m in ("grpo", "lze")}, "grpo",
+                        tmp_path / "out").read_text()
+    assert "| lze | n/a (GRPO never beat its start) |" in text
+    assert "no ratio is defined for lze (best 0.500)" in text

@@ -1,0 +1,122 @@
+"""``make study``: every selection method of the trainer against plain GRPO, on one task, for the
+same step budget, measured by the compute each needs for the same held-out accuracy.
+
+``python -m lze_trainer.study [--quick] [--seeds 0 1 2] [--methods grpo lze ...]`` runs each
+method with each seed under torchrun (the ``study`` preset: same B, G, learning rate, warm-up and
+steps for all; the same seed gives the same warm-up and, where the method allows, the same prompt
+order), one run after another, then writes the report (:mod:`lze_trainer.study_report`): a CSV of
+every step of every run, the plots and ``docs/study.md``. A finished run is not run again, so an
+interrupted study continues where it stopped; ``--report-only`` rewrites the report from the runs.
+
+``--quick`` checks the pipeline in CI (two methods, one seed, a few steps, a short warm-up and a
+small held-out set), not the result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .metrics import read_metrics
+from .study_report import write_report
+
+# Method -> config overrides of the study preset. Every method of the trainer, and the best
+# combination found on seeds other than the reported ones (see docs/study.md).
+METHODS: dict[str, list[str]] = {
+    "grpo": ["selection.policy=uniform"],
+    "dapo": ["selection.policy=dapo"],
+    "lze": ["selection.policy=lze"],
+    "lze-release": ["selection.policy=lze", "selection.keep_ratio_schedule=release"],
+    "lze-prune": ["selection.policy=lze", "selection.prune=true"],
+    "lze-alloc": ["selection.policy=lze", "rollout.allocation=true"],
+    "dots": ["selection.policy=dots"],
+    "dots-replay": ["selection.policy=dots", "replay.ratio=0.5"],
+    "greso": ["selection.policy=greso"],
+    "speed": ["selection.policy=speed"],
+    "lze-hive": ["selection.policy=lze", "selection.entropy_filter=true"],
+}
+BASELINE = "grpo"
+WALL_FILE = "wall_seconds.txt"  # a finished run's whole wall time, start-up included
+PRESET = "study"
+# The quick pipeline check: a few steps from a short warm-up, on a small held-out set.
+QUICK_METHODS = ["grpo", "lze"]
+QUICK_OVERRIDES = ["trainer.total_steps=4", "trainer.eval_every=2", "sft_warmup.steps=30",
+                   "data.eval_limit=96", "rollout.eval_samples=2", "trainer.save_hf_model=false"]
+
+
+def run_dir(runs: Path, method: str, seed: int) -> Path:
+    return runs / f"{method}-s{seed}"
+
+
+def is_finished(folder: Path, total_steps: int) -> bool:
+    return any(r.get("step") == total_steps and "timing_s/step" in r
+               for r in read_metrics(folder))
+
+
+def launch(folder: Path, method: str, seed: int, extra: list[str], nproc: int) -> float:
+    """One training run under torchrun; returns its wall seconds. Its console goes to
+    ``<folder>.log``."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc_per_node={nproc}", "-m", "lze_trainer", "--config", PRESET,
+           f"trainer.run_dir={folder}", f"trainer.seed={seed}", *METHODS[method], *extra]
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    start = time.time()
+    with open(f"{folder}.log", "w") as log:
+        result = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
+    if result.returncode != 0:
+        raise SystemExit(f"study: {method} seed {seed} failed (exit {result.returncode}); "
+                         f"see {folder}.log")
+    seconds = time.time() - start
+    (folder / WALL_FILE).write_text(f"{seconds:.1f}\n")
+    return seconds
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lze_trainer.study", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="pipeline check (CI)")
+    parser.add_argument("--methods", nargs="+", choices=sorted(METHODS), default=None)
+    parser.add_argument("--seeds", nargs="+", type=int, default=None)
+    parser.add_argument("--runs", type=Path, default=None, help="run folders (default runs/study)")
+    parser.add_argument("--out", type=Path, default=None, help="report folder (default docs)")
+    parser.add_argument("--nproc", type=int, default=2, help="ranks per run")
+    parser.add_argument("--steps", type=int, default=None, help="override trainer.total_steps")
+    parser.add_argument("--report-only", action="store_true", help="write the report only")
+    args = parser.parse_args(argv)
+
+    methods = args.methods or (QUICK_METHODS if args.quick else list(METHODS))
+    seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
+    runs = args.runs or Path("runs/study-quick" if args.quick else "runs/study")
+    out = args.out or (runs / "report" if args.quick else Path("docs"))
+    extra = list(QUICK_OVERRIDES) if args.quick else []
+    if args.steps is not None:
+        extra.append(f"trainer.total_steps={args.steps}")
+    total_steps = _total_steps(extra)
+
+    if not args.report_only:
+        for method in methods:
+            for seed in seeds:
+                folder = run_dir(runs, method, seed)
+                if is_finished(folder, total_steps):
+                    print(f"study: {folder} is finished, kept", flush=True)
+                    continue
+                seconds = launch(folder, method, seed, extra, args.nproc)
+                print(f"study: {method} seed {seed} done in {seconds / 60:.1f} min", flush=True)
+    report = write_report({m: [run_dir(runs, m, s) for s in seeds] for m in methods},
+                          BASELINE if BASELINE in methods else methods[0], out, quick=args.quick)
+    print(f"study: report {report}", flush=True)
+    return 0
+
+
+def _total_steps(extra: list[str]) -> int:
+    from .config import load
+
+    return load(PRESET, extra).trainer.total_steps
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
