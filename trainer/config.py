@@ -140,6 +140,8 @@ class SFTWarmupConfig:
     answer_template: str = "{answer}"  # the assistant turn the warm-up teaches
     data: Optional[str] = None  # examples (prompt + reference answer) to learn from, any data.train source; None = the training prompts. Held-out prompts are dropped from it
     lr_schedule: Literal["constant", "cosine", "linear"] = "cosine"  # after a linear warm-up over a tenth of the steps
+    seed: Optional[int] = None  # order of the warm-up examples (None: trainer.seed + 1); fixed, every run seed starts from the same warmed model
+    cache_dir: Optional[str] = None  # keep warmed models here, one folder per settings, for reuse across runs (None: run_dir/sft_model)
 
 
 @dataclass

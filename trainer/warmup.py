@@ -12,6 +12,7 @@ preset run again) finds it and skips the warm-up; changed settings redo it.
 from __future__ import annotations
 
 import gc
+import hashlib
 import json
 from dataclasses import asdict
 from pathlib import Path
@@ -34,8 +35,8 @@ def warm_up(cfg, world: D.World, model_dir: str, load_examples: Callable[[], Pro
     """Train ``sft_warmup.steps`` steps from ``model_dir`` on ``load_examples()`` (prompts with
     their reference answers, loaded only when there is no warmed model to reuse); returns the
     warmed model's folder."""
-    out_dir = Path(run_dir) / "sft_model"
     identity = _identity(cfg)
+    out_dir = _cache_folder(cfg, identity, run_dir)
     if (out_dir / DONE).exists() and json.loads((out_dir / DONE).read_text() or "{}") == identity:
         return str(out_dir)
     s = cfg.sft_warmup
@@ -45,7 +46,7 @@ def warm_up(cfg, world: D.World, model_dir: str, load_examples: Callable[[], Pro
                           f"warm-up has only {len(examples)}")
     actor = Actor(cfg, world, model_dir, Schedule(s.lr, s.steps, warmup_steps=max(1, s.steps // 10),
                                                   kind=s.lr_schedule))
-    sampler = PromptSampler(len(examples), seed=cfg.trainer.seed + 1)
+    sampler = PromptSampler(len(examples), seed=_seed(cfg))
     per_rank = s.batch_size // world.size
     eos = [tokenizer.eos_token_id]
     for step in range(1, s.steps + 1):
@@ -70,8 +71,22 @@ def warm_up(cfg, world: D.World, model_dir: str, load_examples: Callable[[], Pro
 def _identity(cfg) -> dict:
     """What the warmed model depends on: its start, its data and the warm-up settings."""
     held_out = cfg.data.eval if cfg.sft_warmup.data and cfg.data.eval_drop_train_prompts else []
-    return {"model": cfg.model.path, "train": cfg.data.train, "seed": cfg.trainer.seed,
-            "sft_warmup": asdict(cfg.sft_warmup), "dropped_held_out": held_out}
+    settings = {k: v for k, v in asdict(cfg.sft_warmup).items() if k != "cache_dir"}
+    return {"model": cfg.model.path, "train": cfg.data.train, "seed": _seed(cfg),
+            "sft_warmup": settings, "dropped_held_out": held_out}
+
+
+def _seed(cfg) -> int:
+    return cfg.trainer.seed + 1 if cfg.sft_warmup.seed is None else cfg.sft_warmup.seed
+
+
+def _cache_folder(cfg, identity: dict, run_dir: Path) -> Path:
+    """The run's own ``sft_model``, or a folder of ``sft_warmup.cache_dir`` named by a digest of
+    the settings, which every run with the same settings reuses."""
+    if cfg.sft_warmup.cache_dir is None:
+        return Path(run_dir) / "sft_model"
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+    return Path(cfg.sft_warmup.cache_dir) / f"sft_model-{digest}"
 
 
 def _example(examples: PromptSet, i: int, tokenizer, template: str, eos: list[int]) -> RolloutGroup:
