@@ -98,3 +98,9 @@ def check_rollout_budget(batch: int, total, tau, n_min, n_max) -> None:
                          f"[{batch * n_min}, {batch * n_max}], got {total!r}")
     if not isinstance(tau, (int, float)) or not tau > 0:
         raise ValueError(f"tau: expected a float > 0, got {tau!r}")
+
+
+def check_unit_interval(name: str, value) -> None:
+    """A float hyper-parameter in [0, 1]."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value <= 1:
+        _fail(name, "a float in [0, 1]", value)

@@ -20,7 +20,7 @@ from conftest import backend_param, binary_rewards
 from lze_kernels import LZEConfig, LZESelector, native
 from lze_kernels.layout import KernelParams, SelectorState
 
-HOT_PATH = ["reference.py", "native.py", "dispatch.py", "ops.py", "triton_kernels"]
+HOT_PATH = ["reference.py", "native.py", "dispatch.py", "ops.py", "greso.py", "triton_kernels"]
 SYNC_CALLS = {"item", "tolist", "cpu", "nonzero", "numpy"}
 
 

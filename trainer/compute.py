@@ -35,12 +35,14 @@ class ComputeLedger:
         self.step[(kind, purpose)] += float(tokens)
 
     def add_rollouts(self, purpose: str, prompt_tokens: int, generated_tokens: int,
-                     rollouts: int, groups: int) -> None:
-        """One generation call: each rollout prefills its prompt (prefix caching aside)."""
+                     rollouts: int, groups: int, zero_variance_groups: int = 0) -> None:
+        """One generation call: each rollout prefills its prompt (prefix caching aside);
+        ``zero_variance_groups`` of its ``groups`` had all-equal rewards."""
         self.add("prefill", purpose, prompt_tokens)
         self.add("generated", purpose, generated_tokens)
         self.step[("rollouts", purpose)] += rollouts
         self.step[("groups", purpose)] += groups
+        self.step[("zero_variance", purpose)] += zero_variance_groups
 
     def keys(self) -> list[tuple[str, str]]:
         return sorted(self.step)

@@ -232,10 +232,37 @@ def validate(c: Config) -> None:
                  "1 <= allocation_min <= allocation_max", (r.allocation_min, r.allocation_max))
         _require(r.allocation_min <= r.n <= r.allocation_max, "rollout.n",
                  "within [allocation_min, allocation_max] (the mean rollouts per prompt)", r.n)
+    _validate_methods(c)
     if c.trainer.stop_after_steps is not None:
         _require(1 <= c.trainer.stop_after_steps <= c.trainer.total_steps,
                  "trainer.stop_after_steps", "an int in [1, trainer.total_steps]",
                  c.trainer.stop_after_steps)
+
+
+def _validate_methods(c: Config) -> None:
+    """The forward-selection methods' keys (lze_trainer.methods) and which switches combine."""
+    s, policy = c.selection, c.selection.policy
+    _positive(c, "selection.dots_every", "selection.dots_reference_size", "selection.dots_tau",
+              "selection.dots_attention_tau", "selection.speed_max_rounds",
+              "selection.schedule_ramp_epochs", "replay.buffer_size")
+    for key in ("selection.greso_target_zero_variance", "selection.greso_easy_share",
+                "selection.greso_step", "replay.ratio"):
+        _require(0 <= _get(c, key) <= 1, key, "a float in [0, 1]", _get(c, key))
+    _require(0.05 <= s.greso_initial <= 0.95, "selection.greso_initial", "a float in [0.05, 0.95]",
+             s.greso_initial)
+    _require(0 <= s.entropy_beta < 1, "selection.entropy_beta", "a float in [0, 1)", s.entropy_beta)
+    _require(0 < s.schedule_floor <= s.schedule_target <= 1, "selection.schedule_target",
+             "0 < schedule_floor <= schedule_target <= 1", (s.schedule_floor, s.schedule_target))
+    _require(1 <= s.speed_screen_rollouts <= c.rollout.n, "selection.speed_screen_rollouts",
+             f"an int in [1, rollout.n = {c.rollout.n}]", s.speed_screen_rollouts)
+    _require(s.keep_ratio_schedule == "fixed" or policy == "lze", "selection.keep_ratio_schedule",
+             "fixed unless selection.policy=lze", s.keep_ratio_schedule)
+    _require(not s.prune or policy in ("uniform", "dapo", "lze"), "selection.prune",
+             f"false with selection.policy={policy} (it chooses its own prompts)", s.prune)
+    _require(not (policy == "speed" and c.rollout.allocation), "rollout.allocation",
+             "false with selection.policy=speed (screening fixes the group size)", True)
+    _require(not (policy == "speed" and s.entropy_filter), "selection.entropy_filter",
+             "false with selection.policy=speed (its prompts are chosen while rolling out)", True)
 
 
 def validate_world(c: Config, world_size: int) -> None:

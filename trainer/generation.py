@@ -122,7 +122,8 @@ class Generation:
             prompt_tokens=sum(len(g.prompt) * len(g.responses) for g in groups),
             generated_tokens=sum(len(c.token_ids) for g in groups for c in g.responses),
             rollouts=sum(len(g.responses) for g in groups),
-            groups=sum(1 for g in groups if g.responses))
+            groups=sum(1 for g in groups if g.responses),
+            zero_variance_groups=sum(1 for g in groups if g.responses and len(set(g.rewards)) == 1))
 
     # ------------------------------------------------------------------ gather
 

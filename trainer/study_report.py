@@ -62,7 +62,8 @@ def run_rows(method: str, seed: int, folder: Path) -> list[dict]:
                "prefill_tokens": r.get("total/prefill_tokens", 0.0),
                "update_tokens": r.get("total/update_tokens", 0.0), "wall_s": wall,
                "rollout_s": rollout_s, "update_s": update_s,
-               "zero_variance_generated": r.get("reward/zero_std_frac"),
+               "zero_variance_generated": r.get("compute/zero_variance_generated_frac",
+                                                  r.get("reward/zero_std_frac")),
                "zero_variance_trained": r.get("select/zero_variance_trained_frac"),
                "all_correct": r.get("reward/all_correct_frac"),
                "all_wrong": r.get("reward/all_wrong_frac")}

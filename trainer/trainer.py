@@ -35,7 +35,7 @@ from .evaluate import evaluate
 from .generation import Generation
 from .reward import RewardScorer
 from .rollout import build_engine
-from .selection import GroupSelector, Selection, candidates_per_step
+from .selection import GroupSelector, Selection
 from .summary import run_summary
 from .warmup import warm_up
 
@@ -281,6 +281,7 @@ class GRPOTrainer:
         self.totals["total/zero_variance_generated"] += float(zero_variance.sum())
         self.totals["total/zero_variance_trained"] += float(zero_variance[kept].sum())
         m.update(self._compute_metrics())
+        m.update(self.method.step_metrics())
         m.update(self.totals)
         m.update(timer.as_metrics())
         step_s = timer.seconds["step"]
@@ -296,11 +297,15 @@ class GRPOTrainer:
             for key, value in counts.items():
                 reduced[key] = reduced.get(key, 0.0) + value
         m = self.ledger.close_step(reduced, self.actor.num_parameters)
-        for kind in ("rollouts", "generated", "prefill", "update"):
+        for kind in ("rollouts", "generated", "prefill", "update", "groups", "zero_variance"):
             step = sum(v for k, v in m.items() if k.startswith(f"compute/{kind}/"))
             total = sum(v for k, v in m.items() if k.startswith(f"total/{kind}/"))
-            m[f"compute/{kind}_tokens" if kind != "rollouts" else "compute/rollouts"] = step
-            m[f"total/{kind}_tokens" if kind != "rollouts" else "total/rollouts"] = total
+            name = f"{kind}_tokens" if kind in ("generated", "prefill", "update") else kind
+            m[f"compute/{name}"], m[f"total/{name}"] = step, total
+        # Zero-variance share of every group generated this step, whatever its purpose (SPEED's
+        # screening and DOTS's reference groups included).
+        m["compute/zero_variance_generated_frac"] = (m["compute/zero_variance"]
+                                                     / max(m["compute/groups"], 1.0))
         return m
 
     def _response_lengths(self, groups: list[RolloutGroup]) -> dict[str, float]:
@@ -394,14 +399,21 @@ class GRPOTrainer:
 
 
 def _check_batch_fits(cfg: Config, rows: int) -> None:
-    """A step draws distinct prompts: B (and the pruner's candidates) cannot exceed the data."""
-    s = cfg.selection
-    drawn = candidates_per_step(s.prune, s.candidate_factor, cfg.trainer.batch_size)
+    """A step draws distinct prompts: B (and the candidates or reference set the policy draws)
+    cannot exceed the data."""
+    s, B = cfg.selection, cfg.trainer.batch_size
+    if s.policy == "dots":
+        drawn = max(s.dots_reference_size, B * s.dots_every)
+        what = (f"max(selection.dots_reference_size, trainer.batch_size x selection.dots_every) "
+                f"= {drawn}")
+    elif s.prune or s.policy in ("greso", "speed"):
+        drawn = math.ceil(B * s.candidate_factor)
+        what = f"trainer.batch_size x selection.candidate_factor = {drawn}"
+    else:
+        drawn, what = B, f"trainer.batch_size = {B}"
     if drawn > rows:
-        what = (f"trainer.batch_size x selection.candidate_factor = {drawn}" if s.prune
-                else f"trainer.batch_size = {drawn}")
         raise ConfigError(f"trainer.batch_size: {what} prompts per step, but data.train has only "
-                         f"{rows} rows")
+                          f"{rows} rows")
 
 
 def _zero_variance_line(m: dict[str, float]) -> str:

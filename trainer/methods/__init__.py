@@ -7,7 +7,12 @@ replay) wrap the built method's parts.
 
 * ``uniform``: every group (plain GRPO); ``dapo``: groups with non-zero reward variance (DAPO
   dynamic sampling, Yu et al. 2025); ``lze``: the top ``floor(keep_ratio x B)`` groups by
-  Learning-Zone Energy (SPEC 3-4) — all three roll out the sampler's next B prompts.
+  Learning-Zone Energy (SPEC 3-4), with a fixed keep ratio or the LZE release's schedule
+  (:mod:`.lze_schedule`) — these roll out the sampler's next B prompts;
+* ``dots`` (:mod:`.dots`), ``greso`` (:mod:`.greso`), ``speed`` (:mod:`.speed`): choose before
+  rollout by predicted difficulty, by zero-variance streaks, or by a screening round;
+* switches: ``selection.entropy_filter`` (HIVE, :mod:`.hive`), ``replay.ratio`` (Rollout
+  Replay, :mod:`.replay`).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from __future__ import annotations
 from typing import Callable
 
 from .base import (Method, MethodContext, PromptPlan, SampledPrompts, StepBatch, keep_all,
-                   keep_mixed, keep_top_energy)
+                   keep_mixed)
 
 Builder = Callable[[MethodContext], Method]
 _REGISTRY: dict[str, Builder] = {}
@@ -39,7 +44,10 @@ def build(ctx: MethodContext) -> Method:
     name = ctx.cfg.selection.policy
     if name not in _REGISTRY:
         raise ValueError(f"selection.policy: expected one of {names()}, got {name!r}")
-    return _REGISTRY[name](ctx)
+    method = _REGISTRY[name](ctx)
+    if ctx.cfg.selection.entropy_filter:
+        method.chooser = EntropyChecked(ctx, method.chooser)
+    return with_replay(method)
 
 
 @register("uniform")
@@ -52,9 +60,10 @@ def _dapo(ctx: MethodContext) -> Method:
     return Method("dapo", ctx, keep=keep_mixed)
 
 
-@register("lze")
-def _lze(ctx: MethodContext) -> Method:
-    return Method("lze", ctx, keep=keep_top_energy)
+# Each module registers its policy on import (after ``register`` exists).
+from . import dots, greso, lze_schedule, speed  # noqa: E402,F401
+from .hive import EntropyChecked  # noqa: E402
+from .replay import with_replay  # noqa: E402
 
 
 __all__ = ["Method", "MethodContext", "PromptPlan", "SampledPrompts", "StepBatch", "build",

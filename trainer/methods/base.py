@@ -47,6 +47,12 @@ class StepBatch:
     plan: PromptPlan
     groups: list[RolloutGroup]  # this rank's engine's groups (``row`` = position in the plan)
     gathered: GatheredGroups  # [B, width] on every rank
+    replayed: int = 0  # the last rows were replayed from a buffer, not generated (SPEC 9)
+
+    def generated_rows(self) -> torch.Tensor:
+        """[B] bool: the rows rolled out this step."""
+        n = len(self.plan.counts)
+        return torch.arange(n) < n - self.replayed
 
 
 @dataclass
@@ -106,6 +112,10 @@ class SampledPrompts:
 
     def observe(self, batch: StepBatch, selection: Selection) -> None:
         pass
+
+    def metrics(self) -> dict[str, float]:
+        """The chooser's own numbers for the step's metrics (read after the step)."""
+        return {}
 
     def state_dict(self) -> dict:
         return {}
@@ -190,6 +200,10 @@ class Method:
     def observe(self, batch: StepBatch, selection: Selection) -> None:
         self.chooser.observe(batch, selection)
 
+    def step_metrics(self) -> dict[str, float]:
+        """Method-specific metrics of the step (skip probabilities, drops, calibration)."""
+        return self.chooser.metrics()
+
     def state_dict(self) -> dict:
         return {"sampler": self.ctx.sampler.state_dict(),
                 "selector": self.ctx.selector.state_dict(),
@@ -199,3 +213,10 @@ class Method:
         self.ctx.sampler.load_state_dict(state["sampler"])
         self.ctx.selector.load_state_dict(state["selector"])
         self.chooser.load_state_dict(state["chooser"])
+
+    def rank_state_dict(self) -> dict:
+        """State only this rank holds (saved in a file per rank; e.g. replayed groups' tokens)."""
+        return {}
+
+    def load_rank_state_dict(self, state: dict) -> None:
+        pass

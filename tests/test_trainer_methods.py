@@ -1,0 +1,218 @@
+"""The forward-selection methods of the trainer (lze_trainer.methods) on hand-made histories:
+which prompts are screened, skipped, dropped or chosen, with known values; no engines (a fake
+generation service whose prompts have fixed outcomes), one process."""
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from lze_trainer import config as C
+from lze_trainer import methods
+from lze_trainer.batch import RolloutGroup
+from lze_trainer.compute import ComputeLedger
+from lze_trainer.data import PromptSampler
+from lze_trainer.generation import GatheredGroups
+from lze_trainer.methods.hive import EntropyChecked
+from lze_trainer.methods.lze_schedule import release_keep_ratio
+from lze_trainer.methods.speed import is_mixed
+from lze_trainer.rollout import Completion
+from lze_trainer.selection import GroupSelector
+
+N = 30
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_process_group():
+    """The methods' collectives, on a world of one."""
+    if dist.is_initialized():
+        yield
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def outcome(prompt_id: int, count: int) -> list[float]:
+    """Fixed rewards: ids = 0 mod 3 always right, 1 mod 3 always wrong, 2 mod 3 half right."""
+    kind = prompt_id % 3
+    return [1.0] * count if kind == 0 else [0.0] * count if kind == 1 else \
+        [float(j % 2 == 0) for j in range(count)]
+
+
+class FakeGeneration:
+    """The generation service's interface (lze_trainer.generation.Generation) on one shard."""
+
+    class World:
+        rank, size, device, is_main = 0, 1, torch.device("cpu"), True
+
+    class Train:
+        token_ids = [[1, 2, 3 + i % 5] for i in range(N)]
+
+    def __init__(self):
+        self.world, self.train, self.ledger = self.World(), self.Train(), ComputeLedger()
+        self.shard, self.num_shards = 0, 1
+        self.calls = []  # (purpose, prompt ids, counts)
+
+    def local_rows(self, n):
+        return range(n)
+
+    def generate_and_score(self, prompt_ids, counts, purpose, rows=None, round=0):
+        rows = list(range(len(prompt_ids))) if rows is None else list(rows)
+        self.calls.append((purpose, list(prompt_ids), list(counts)))
+        groups = []
+        for row, pid, count in zip(rows, prompt_ids, counts):
+            responses = [Completion([7, pid, j], [-0.5] * 3, False) for j in range(count)]
+            groups.append(RolloutGroup(row, pid, self.train.token_ids[pid], responses,
+                                       outcome(pid, count)))
+        self.ledger.add_rollouts(purpose, 0, sum(count * 3 for count in counts), sum(counts),
+                                 len(counts))
+        return groups
+
+    def gather(self, groups, n, width):
+        rewards, valid = torch.zeros(n, width), torch.zeros(n, width, dtype=torch.bool)
+        for g in groups:
+            rewards[g.row, :len(g.rewards)] = torch.tensor(g.rewards)
+            valid[g.row, :len(g.rewards)] = True
+        return GatheredGroups(rewards, valid, valid.to(torch.int32) * 3)
+
+
+def build(policy, *overrides):
+    cfg = C.load("tiny", [f"selection.policy={policy}", "selection.noise_scale=0",
+                          "trainer.batch_size=6", "rollout.n=4", *overrides])
+    device = torch.device("cpu")
+    return methods.build(methods.MethodContext(
+        cfg=cfg, num_prompts=N, device=device, selector=GroupSelector(cfg, N, device),
+        sampler=PromptSampler(N, seed=0), generation=FakeGeneration()))
+
+
+def run_step(method, step):
+    plan = method.plan(step)
+    groups = method.collect(plan)
+    width = method.ctx.cfg.rollout.n
+    batch = methods.StepBatch(plan, groups, method.ctx.generation.gather(groups, len(plan.counts),
+                                                                         width))
+    selection = method.select(batch, step)
+    method.observe(batch, selection)
+    return plan, groups, selection
+
+
+# ---------------------------------------------------------------- the LZE release's schedule
+
+def test_release_schedule_known_values():
+    ratios = [release_keep_ratio(e, target=0.7, floor=0.3, ramp_epochs=3) for e in range(5)]
+    assert ratios == pytest.approx([1.0, 0.9, 0.8, 0.7, 0.7])
+    assert release_keep_ratio(5, target=0.2, floor=0.3, ramp_epochs=2) == pytest.approx(0.3)
+
+
+def test_release_schedule_keeps_all_in_the_first_epoch_then_top_k():
+    method = build("lze", "selection.keep_ratio_schedule=release",
+                   "selection.schedule_ramp_epochs=1", "selection.schedule_target=0.5",
+                   "selection.schedule_floor=0.5")
+    for step in range(N // 6):  # epoch 0: five steps of 6 prompts
+        _, _, selection = run_step(method, step)
+        assert int(selection.keep_mask.sum()) == 6
+    _, _, selection = run_step(method, N // 6)  # epoch 1: k = floor(6 x 0.5)
+    assert int(selection.keep_mask.sum()) == 2  # only the 2 mixed prompts have E > 0 ...
+    assert (selection.energy[selection.keep_mask] > 0).all()  # ... E = 0 never fills the quota
+
+
+# ---------------------------------------------------------------- SPEED
+
+def test_is_mixed():
+    assert is_mixed([1.0, 0.0]) and not is_mixed([1.0, 1.0]) and not is_mixed([0.0])
+
+
+def test_speed_screens_then_continues_only_mixed_prompts():
+    method = build("speed", "selection.speed_screen_rollouts=2", "selection.speed_max_rounds=3",
+                   "selection.candidate_factor=1.0")
+    plan, groups, selection = run_step(method, 0)
+    calls = method.ctx.generation.calls
+    screened = [c for c in calls if c[0] == "screening"]
+    continued = [c for c in calls if c[0] == "continuation"]
+    assert len(screened) == 3  # only a third of the candidates is mixed: all rounds run
+    assert all(set(counts) == {2} for _, _, counts in screened)
+    assert set(continued[0][2]) == {2}  # n - screen = 2 more for each accepted prompt
+    accepted = continued[0][1]
+    assert accepted and all(pid % 3 == 2 for pid in accepted)
+    for g in groups:  # full groups: the screening rollouts come first and are kept
+        assert len(g.responses) == 4 and [c.token_ids[2] for c in g.responses] == [0, 1, 0, 1]
+    ids = plan.prompt_ids.tolist()
+    assert len(set(ids)) == 6  # distinct, fixed shape B
+    assert plan.counts == [4] * len(accepted) + [0] * (6 - len(accepted))
+    assert selection.keep_mask.tolist() == [True] * len(accepted) + [False] * (6 - len(accepted))
+    # every screened prompt was drawn once from the sampler's order
+    screened_ids = [pid for _, ids_, _ in screened for pid in ids_]
+    assert len(screened_ids) == len(set(screened_ids))
+
+
+def test_speed_stops_screening_once_the_batch_is_full():
+    method = build("speed", "selection.speed_screen_rollouts=2", "selection.speed_max_rounds=4",
+                   "selection.candidate_factor=3.0")
+    plan, _, _ = run_step(method, 0)
+    rounds = [c for c in method.ctx.generation.calls if c[0] == "screening"]
+    # 18 candidates, 6 of them mixed, in the first round: the batch is full
+    assert len(rounds) == 1 and plan.counts == [4] * 6
+
+
+# ---------------------------------------------------------------- GRESO
+
+def test_greso_skips_prompts_with_long_zero_variance_streaks():
+    method = build("greso", "selection.greso_initial=0.05", "selection.greso_step=0",
+                   "selection.candidate_factor=1.0", "trainer.batch_size=30")
+    plan, _, _ = run_step(method, 0)
+    assert plan.counts == [4] * 30  # no history: everything is rolled out
+    streak = method.chooser.filter.streak
+    assert streak.tolist() == [0 if i % 3 == 2 else 1 for i in range(N)]
+    plan, _, _ = run_step(method, 1)
+    kept = {int(p) for p, c in zip(plan.prompt_ids, plan.counts) if c}
+    # Mixed prompts are always kept; zero-variance ones with p = 0.05 only rarely.
+    assert {i for i in range(N) if i % 3 == 2} <= kept
+    assert len(kept) <= 10 + 5
+    metrics = method.step_metrics()
+    assert metrics["greso/p_easy"] == pytest.approx(0.05)
+
+
+def test_greso_state_round_trips():
+    method = build("greso")
+    run_step(method, 0)
+    other = build("greso")
+    other.load_state_dict(method.state_dict())
+    assert torch.equal(other.chooser.filter.streak, method.chooser.filter.streak)
+    assert torch.equal(other.chooser.filter.p, method.chooser.filter.p)
+
+
+# ---------------------------------------------------------------- HIVE
+
+def test_entropy_levels_drop_prompts_below_their_running_level():
+    method = build("lze", "selection.entropy_filter=true", "selection.entropy_beta=0.5")
+    hive = method.chooser
+    assert isinstance(hive, EntropyChecked)
+    ids = torch.tensor([0, 1, 2])
+    # First measurement: never dropped, sets the level.
+    assert hive.update_levels(ids, torch.tensor([1.0, 2.0, 3.0])).tolist() == [False] * 3
+    drop = hive.update_levels(ids, torch.tensor([0.5, 2.0, 4.0]))
+    assert drop.tolist() == [True, False, False]
+    torch.testing.assert_close(hive.level[:3], torch.tensor([0.75, 2.0, 3.5]))
+    assert torch.isnan(hive.level[3:]).all()
+
+
+def test_entropy_filter_zeroes_the_counts_of_dropped_prompts(monkeypatch):
+    method = build("uniform", "selection.entropy_filter=true")
+    entropy = {pid: 1.0 for pid in range(N)}
+    monkeypatch.setattr("lze_trainer.methods.hive.prompt_features",
+                        lambda ctx, ids, feature, purpose: torch.tensor([entropy[i] for i in ids]))
+    first = method.plan(0)
+    assert first.counts == [4] * 6
+    for pid in first.prompt_ids.tolist()[:2]:
+        entropy[pid] = 0.1
+    method.chooser.inner.ctx.sampler = PromptSampler(N, seed=0)  # the same prompts again
+    again = method.plan(1)
+    assert again.prompt_ids.tolist() == first.prompt_ids.tolist()
+    assert again.counts == [0, 0, 4, 4, 4, 4]
+    assert method.step_metrics()["hive/dropped"] == 2

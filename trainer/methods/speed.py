@@ -1,0 +1,119 @@
+"""``selection.policy=speed``: SPEED-RL's screening before full rollout (Zhang et al. 2025,
+"SPEED-RL: Faster Training of Reasoning Models via Online Curriculum Learning", arXiv 2506.09016).
+
+Each candidate prompt is first rolled out a few times (``selection.speed_screen_rollouts``, 4);
+only prompts whose screening rewards are mixed (neither all right nor all wrong: the ones with a
+GRPO gradient in expectation) are continued up to the full group of ``rollout.n``, reusing their
+screening rollouts. Screening rounds draw more candidates until B prompts are accepted or
+``selection.speed_max_rounds`` rounds have run; rows left unfilled are skipped prompts with no
+rollouts (fixed shapes). Every full group reaches the update.
+
+Data parallelism: each rollout engine screens its own slice of each round's candidates and
+accepts up to its share of B (its rows of the step's batch), so accepted groups never change
+hands before the update; one all-reduce per round tells every rank whether any engine still needs
+prompts (all ranks draw the same candidates), one all-gather at the end gives every rank the
+plan. Screening and continuation rollouts are booked under their own purposes in the compute
+ledger.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import distributed as D
+from ..batch import RolloutGroup
+from . import register
+from .base import Method, MethodContext, PromptPlan, SampledPrompts, keep_all
+
+
+class ScreenedPrompts(SampledPrompts):
+    """Prompts chosen while rolling out: :meth:`choose` leaves the plan empty and
+    :meth:`screen_and_continue` fills it."""
+
+    def choose(self, step: int, batch_size: int) -> PromptPlan:
+        return PromptPlan(torch.zeros(batch_size, dtype=torch.int64), [0] * batch_size)
+
+    def screen_and_continue(self, ctx: MethodContext, plan: PromptPlan) -> list[RolloutGroup]:
+        """Screen candidates round by round, continue the mixed ones to full groups; fills
+        ``plan`` (the same on every rank) and returns this engine's full groups at their rows."""
+        s, generation = ctx.cfg.selection, ctx.generation
+        rows = list(generation.local_rows(len(plan.counts)))
+        accepted: list[RolloutGroup] = []
+        rejected: list[int] = []
+        drawn_this_step: set[int] = set()
+        for round in range(s.speed_max_rounds):
+            need = int(D.all_reduce(len(rows) - len(accepted), "max"))
+            if need == 0:
+                break
+            per_shard = math.ceil(need * s.candidate_factor)
+            drawn = self.candidates(per_shard * generation.num_shards).tolist()
+            # A round that crosses an epoch may draw a prompt again: it is screened once.
+            mine = [pid for pid in _slice(drawn, generation) if pid not in drawn_this_step]
+            drawn_this_step.update(drawn)
+            screen = mine[:math.ceil((len(rows) - len(accepted)) * s.candidate_factor)]
+            groups = generation.generate_and_score(
+                screen, [s.speed_screen_rollouts] * len(screen), "screening", round=round)
+            for group in groups:
+                if is_mixed(group.rewards) and len(accepted) < len(rows):
+                    accepted.append(group)
+                else:
+                    rejected.append(group.prompt_id)
+        full = _continue(ctx, accepted)
+        idle = _idle_prompts(rejected, len(rows) - len(full), drawn_this_step, generation,
+                             ctx.num_prompts)
+        _fill_plan(plan, rows, full, idle)
+        return full
+
+
+def is_mixed(rewards: list[float]) -> bool:
+    """Screening verdict: rewards not all equal (binary rewards: some right, some wrong)."""
+    return len(set(rewards)) > 1
+
+
+def _slice(drawn: list[int], generation) -> list[int]:
+    """This engine's contiguous share of a round's candidates."""
+    return [drawn[i] for i in generation.local_rows(len(drawn))]
+
+
+def _continue(ctx: MethodContext, accepted: list[RolloutGroup]) -> list[RolloutGroup]:
+    """The accepted prompts' remaining ``rollout.n - screen`` rollouts, joined to the screening
+    ones (one engine call)."""
+    rest = ctx.cfg.rollout.n - ctx.cfg.selection.speed_screen_rollouts
+    more = ctx.generation.generate_and_score([g.prompt_id for g in accepted],
+                                             [rest] * len(accepted), "continuation")
+    return [RolloutGroup(row=0, prompt_id=g.prompt_id, prompt=g.prompt,
+                         responses=g.responses + m.responses, rewards=g.rewards + m.rewards)
+            for g, m in zip(accepted, more)]
+
+
+def _idle_prompts(rejected: list[int], n: int, drawn: set[int], generation,
+                  num_prompts: int) -> list[int]:
+    """Distinct ids for this engine's unfilled rows (no rollouts): its rejected candidates, or
+    in the rare case of too few, ids of its own residue class that no engine drew this step."""
+    idle = rejected[:n]
+    spare = (pid for pid in range(generation.shard, num_prompts, generation.num_shards)
+             if pid not in drawn)
+    return idle + [next(spare) for _ in range(n - len(idle))]
+
+
+def _fill_plan(plan: PromptPlan, rows: list[int], full: list[RolloutGroup],
+               idle: list[int]) -> None:
+    """Accepted groups take this engine's first rows, idle prompts (no rollouts) the rest; then
+    every rank learns every engine's rows (tensor-parallel peers send the same rows twice)."""
+    for row, group in zip(rows, full):
+        group.row = row
+    mine = ([(g.row, g.prompt_id, len(g.responses)) for g in full]
+            + [(row, pid, 0) for row, pid in zip(rows[len(full):], idle)])
+    for parcel in D.all_gather_object(mine):
+        for row, pid, count in parcel:
+            plan.prompt_ids[row] = pid
+            plan.counts[row] = count
+
+
+@register("speed")
+def speed_method(ctx: MethodContext) -> Method:
+    chooser = ScreenedPrompts(ctx)
+    return Method("speed", ctx, chooser=chooser, collect=chooser.screen_and_continue,
+                  keep=keep_all)
