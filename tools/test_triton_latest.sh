@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The Triton tests under the newest Triton release as well as under the venv's pinned one
-# (requirements/constraints.txt pins 3.7.1, what torch 2.13's CUDA build requires).
+# (requirements/constraints-*.txt pin 3.7.1, what torch 2.13's CUDA build requires).
 #
 # Installs triton==$TRITON_LATEST without dependencies into .venv-triton-latest/ (once: kept while
 # it holds that version) and runs every Triton test with that directory first on PYTHONPATH: the
