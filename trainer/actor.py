@@ -18,8 +18,8 @@ import torch
 
 from . import distributed as D
 from .batch import SequenceBatch
-from .loss import (Normaliser, aggregate, clipped_surrogate, kl_penalty, token_entropy,
-                   token_log_probs)
+from .loss import (Normaliser, aggregate, behaviour_weights, clipped_surrogate, kl_penalty,
+                   token_entropy, token_log_probs)
 
 
 UPDATE_SUMS = ("pg_loss", "kl", "entropy", "clipped_tokens", "tokens")
@@ -182,6 +182,7 @@ class Actor:
         old = batch.old_logprobs if batch.old_logprobs is not None else logp.detach()
         pg, clipped = clipped_surrogate(logp, old, batch.advantages, a.clip_ratio_low,
                                         a.clip_ratio_high)
+        pg = pg * behaviour_weights(old, batch.engine_logprobs, batch.off_policy)
         loss = aggregate(pg, mask, a.loss_agg_mode, norm)
         need_entropy = a.entropy_coef > 0
         with nullcontext() if need_entropy else torch.no_grad():
@@ -278,8 +279,9 @@ class Actor:
 
 def _compare_with_engine(stats: UpdateStats, logp: torch.Tensor, batch: SequenceBatch) -> None:
     """Largest |actor - engine| log-prob over kept tokens: after a weight sync both must hold the
-    same policy, so this stays at float noise unless the sync or the sampling setup is wrong."""
-    kept = batch.loss_mask > 0
+    same policy, so this stays at float noise unless the sync or the sampling setup is wrong.
+    Replayed sequences were sampled by an older policy and are left out."""
+    kept = (batch.loss_mask > 0) & ~batch.off_policy.to(logp.device).unsqueeze(-1)
     engine = batch.engine_logprobs.to(logp.device)
     diff = torch.where(kept, (logp.detach() - engine).abs(), 0.0).amax()
     torch.maximum(stats.engine_logprob_abs_diff_max, diff.double(),

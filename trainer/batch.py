@@ -21,6 +21,7 @@ class RolloutGroup:
     rewards: list[float]
     advantages: list[float] = field(default_factory=list)  # set after selection
     weight: float = 1.0  # 0 for padding copies
+    off_policy: bool = False  # replayed: sampled by an older policy (SPEC 9)
 
 
 @dataclass
@@ -33,6 +34,7 @@ class SequenceBatch:
     loss_mask: torch.Tensor  # [n, L] float: sequence weight on response tokens, 0 elsewhere
     advantages: torch.Tensor  # [n] float
     engine_logprobs: torch.Tensor  # [n, L] float, the rollout engine's log-probs
+    off_policy: torch.Tensor  # [n] bool: replayed sequences, whose engine log-probs are mu
     old_logprobs: torch.Tensor | None = None  # [n, L], set when the update needs them
 
     def to(self, device) -> "SequenceBatch":
@@ -65,6 +67,7 @@ def _collate(chunk, pad_id: int) -> SequenceBatch:
     loss_mask = torch.zeros((n, length))
     engine_logprobs = torch.zeros((n, length))
     advantages = torch.zeros(n)
+    off_policy = torch.tensor([group.off_policy for group, _ in chunk])
     for i, (group, j) in enumerate(chunk):
         response = group.responses[j]
         start, end = len(group.prompt), len(group.prompt) + len(response.token_ids)
@@ -74,4 +77,4 @@ def _collate(chunk, pad_id: int) -> SequenceBatch:
         loss_mask[i, start:end] = group.weight
         engine_logprobs[i, start:end] = torch.tensor(response.logprobs)
         advantages[i] = group.advantages[j] if group.weight else 0.0
-    return SequenceBatch(input_ids, attention, loss_mask, advantages, engine_logprobs)
+    return SequenceBatch(input_ids, attention, loss_mask, advantages, engine_logprobs, off_policy)

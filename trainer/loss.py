@@ -70,6 +70,21 @@ def clipped_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, advantages: to
     return torch.maximum(unclipped, clipped), clipped > unclipped
 
 
+def behaviour_weights(old_logp: torch.Tensor, behaviour_logp: torch.Tensor,
+                      off_policy: torch.Tensor) -> torch.Tensor:
+    """Per-token importance weight ``w = pi_old / mu`` [n, L] of replayed sequences (rows where
+    ``off_policy`` [n] is set), 1 for fresh ones; no gradient flows through it.
+
+    Rollout Replay's off-policy GRPO loss (SPEC 9; Sun et al. 2025, "Improving Data Efficiency
+    for LLM Reinforcement Fine-tuning Through Difficulty-targeted Online Data Selection and Rollout
+    Replay") is ``-w min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A)`` with
+    ``rho = pi_theta / pi_old``: the clipped surrogate times ``w``, where ``mu`` is the policy that
+    sampled the tokens (the engine's log-probs at the time). When ``mu = pi_old``, ``w = 1``: plain
+    GRPO."""
+    weights = torch.exp(old_logp.detach() - behaviour_logp.detach())
+    return torch.where(off_policy.unsqueeze(-1), weights, torch.ones_like(weights))
+
+
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> torch.Tensor:
     """Per-token estimate of KL(pi || pi_ref) from samples of pi."""
     log_ratio = ref_logp - logp
