@@ -3,9 +3,11 @@ needs to continue exactly where the interrupted one was.
 
 Layout: ``<run_dir>/checkpoints/step_000040/`` holds DeepSpeed's files, ``trainer_state.pt`` (the
 step, the sampler position, the selector's state_dict, run counters, the resolved config) and
-``rng_rank<r>.pt`` per rank (python, numpy and torch RNG states). A ``COMPLETE`` file is written
-last, so a checkpoint cut short by a crash is never resumed from. Rollout engines are reseeded from
-(seed, step, shard) at every step (:func:`lze_trainer.rollout.reseed`), so they need no state.
+``rng_rank<r>.pt`` per rank (python, numpy and torch RNG states) and ``state_rank<r>.pt`` (what
+only that rank holds, e.g. the tokens of the replay buffer's groups its engine generated). A
+``COMPLETE`` file is written last, so a checkpoint cut short by a crash is never resumed from.
+Rollout engines are reseeded from (seed, step, shard) at every step
+(:func:`lze_trainer.rollout.reseed`), so they need no state.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ COMPATIBILITY_KEYS = (
     "rollout.n", "rollout.allocation", "rollout.allocation_max", "trainer.batch_size",
     "trainer.seed", "selection.policy", "selection.keep_ratio", "selection.noise_scale",
     "selection.beta", "selection.d_min", "selection.alpha", "selection.prune",
-    "selection.prune_after", "selection.replay_ratio", "actor.zero_stage",
+    "selection.prune_after", "selection.replay_ratio", "replay.ratio", "replay.buffer_size",
+    "actor.zero_stage",
     "actor.norm_adv_by_std", "sft_warmup.steps",
 )
 
@@ -47,12 +50,15 @@ def tag(step: int) -> str:
     return f"step_{step:06d}"
 
 
-def save(engine, run_dir: Path, step: int, trainer_state: dict, keep: int, rank: int) -> Path:
-    """Every rank calls this (DeepSpeed's save is collective)."""
+def save(engine, run_dir: Path, step: int, trainer_state: dict, keep: int, rank: int,
+         rank_state: dict) -> Path:
+    """Every rank calls this (DeepSpeed's save is collective); ``trainer_state`` is rank 0's,
+    ``rank_state`` each rank's own."""
     root = checkpoints_dir(run_dir)
     engine.save_checkpoint(str(root), tag=tag(step), client_state={"step": step})
     folder = root / tag(step)
     torch.save(_rng_state(), folder / f"rng_rank{rank}.pt")
+    torch.save(rank_state, folder / f"state_rank{rank}.pt")
     if rank == 0:
         torch.save(trainer_state, folder / TRAINER_STATE)
     D.barrier()
@@ -79,7 +85,8 @@ def find_resume_folder(run_dir: Path, resume: str) -> Optional[Path]:
 
 
 def load(engine, folder: Path, rank: int, config_dict: dict) -> dict:
-    """Restore DeepSpeed's state and this rank's RNGs; returns the trainer state."""
+    """Restore DeepSpeed's state and this rank's RNGs; returns the trainer state, with this rank's
+    own under ``rank_state``."""
     trainer_state = torch.load(folder / TRAINER_STATE, map_location="cpu", weights_only=False)
     check_compatible(trainer_state["config"], config_dict, folder)
     path, _ = engine.load_checkpoint(str(folder.parent), tag=folder.name,
@@ -89,6 +96,9 @@ def load(engine, folder: Path, rank: int, config_dict: dict) -> dict:
     rng_file = folder / f"rng_rank{rank}.pt"
     if rng_file.exists():
         _set_rng_state(torch.load(rng_file, weights_only=False))
+    rank_file = folder / f"state_rank{rank}.pt"  # absent in checkpoints of older versions
+    trainer_state["rank_state"] = (torch.load(rank_file, weights_only=False)
+                                   if rank_file.exists() else {})
     return trainer_state
 
 

@@ -243,17 +243,18 @@ class GRPOTrainer:
         g = batch.gathered
         rewards, valid = g.rewards, g.valid
         B = len(batch.plan.counts)
-        responded = valid.any(dim=1)
+        responded = valid.any(dim=1) & batch.generated_rows()  # replayed rows generate nothing
         sums = dict(zip(UPDATE_SUMS, D.all_reduce_tensor(update.sums).tolist()))
         diff = D.all_reduce(float(update.engine_logprob_abs_diff_max), "max")
         grad_norms = update.grad_norms
         tokens = max(sums["tokens"], 1.0)
-        lengths = self._response_lengths(batch.groups)
+        lengths = self._response_lengths([grp for grp in batch.groups if not grp.off_policy])
         zero_variance = g.zero_variance()
         kept = torch.zeros(B, dtype=torch.bool)
         kept[kept_rows] = True
         m = {
-            "reward/mean": float(rewards[valid].mean()) if valid.any() else 0.0,
+            "reward/mean": float(rewards[valid & responded[:, None]].mean())
+            if responded.any() else 0.0,
             "reward/zero_std_frac": float(zero_variance[responded].float().mean())
             if responded.any() else 0.0,
             "select/zero_variance_trained_frac": float(zero_variance[kept].float().mean())
@@ -278,7 +279,7 @@ class GRPOTrainer:
             **lengths,
         }
         self.totals["total/update_groups"] += len(kept_rows)
-        self.totals["total/zero_variance_generated"] += float(zero_variance.sum())
+        self.totals["total/zero_variance_generated"] += float(zero_variance[responded].sum())
         self.totals["total/zero_variance_trained"] += float(zero_variance[kept].sum())
         m.update(self._compute_metrics())
         m.update(self.method.step_metrics())
@@ -361,12 +362,14 @@ class GRPOTrainer:
                  "compute": self.ledger.state_dict(), "config": self.config_dict,
                  "selector_checksums": checksums}
         checkpoint.save(self.actor.engine, self.run_dir, self.step, state,
-                        self.cfg.trainer.keep_checkpoints, self.world.rank)
+                        self.cfg.trainer.keep_checkpoints, self.world.rank,
+                        self.method.rank_state_dict())
 
     def _load(self, folder: Path) -> None:
         state = checkpoint.load(self.actor.engine, folder, self.world.rank, self.config_dict)
         self.step = state["step"]
         self.method.load_state_dict(state["method"])
+        self.method.load_rank_state_dict(state["rank_state"])
         self.totals.update(state["totals"])
         self.ledger.load_state_dict(state["compute"])
         self.engine.load_weights(self.actor.named_weights())
