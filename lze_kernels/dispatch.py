@@ -7,7 +7,8 @@ Every backend exposes the same two functions with the semantics of :mod:`lze_ker
 
 ``auto`` picks ``cuda`` (else ``triton``) for GPU tensors and ``cpu`` for CPU tensors, falling back
 to ``torch`` when an extension is missing, with a warning (once per device type) naming what is
-missing. The environment variable ``LZE_BACKEND`` overrides ``auto``. ``cuda_emulated`` runs the
+missing. A compiled module is chosen only after one probe launch on the device succeeded (once
+per process and device): the CUDA module imports even under a driver too old for its runtime. The environment variable ``LZE_BACKEND`` overrides ``auto``. ``cuda_emulated`` runs the
 CUDA kernel sources on CPU threads (test support).
 """
 
@@ -91,6 +92,7 @@ class _Native:
         self.step = backend.step
         self.topk = backend.topk
         self.unavailable_reason = backend.unavailable_reason
+        self.launch_error = backend.launch_error
 
     def available(self) -> bool:
         return self._backend.available()
@@ -138,10 +140,33 @@ def resolve(name: str, device) -> object:
 def _auto_name(device: torch.device) -> str:
     preference = ("cuda", "triton") if device.type == "cuda" else ("cpu",)
     for name in preference:
-        if BACKENDS[name].available() and supports(BACKENDS[name], device):
+        backend = BACKENDS[name]
+        if backend.available() and supports(backend, device) and _launches(backend, device):
             return name
     _warn_slow_fallback(device, [BACKENDS[name] for name in preference])
     return "torch"
+
+
+def _launches(backend, device: torch.device) -> bool:
+    """Whether ``backend`` runs on ``device``: a compiled module must pass its probe launch;
+    when it fails, ``auto`` warns once, naming the error, and tries the next backend."""
+    probe = getattr(backend, "launch_error", None)
+    error = probe(device) if probe is not None else None
+    if error is None:
+        return True
+    if (backend.name, str(device)) not in _warned_probes:
+        _warned_probes.add((backend.name, str(device)))
+        warnings.warn(
+            f"lze_kernels: backend='auto' skips {backend.name!r} on {device}: its probe launch "
+            f"failed ({error}). Error code 35 (cudaErrorInsufficientDriver) means the NVIDIA "
+            f"driver is older than the CUDA toolkit lze_kernels was built with: update the "
+            f"driver or rebuild with a matching toolkit (`pip install -e .`).",
+            RuntimeWarning, stacklevel=5)  # the caller of LZESelector(...) / ops.*
+    return False
+
+
+# (backend, device) pairs whose failed probe launch was already reported.
+_warned_probes: set[tuple[str, str]] = set()
 
 
 # Device types whose fallback to the reference was already reported.

@@ -87,6 +87,7 @@ class NativeBackend:
         self._launch_arg = launch_arg
         self._module = None
         self._import_error: Optional[ImportError] = None
+        self._launch_errors: dict[str, Optional[str]] = {}  # device -> probe result
         self._step_op = self._define_step_op()
         self._topk_op = self._define_topk_op()
 
@@ -104,9 +105,35 @@ class NativeBackend:
         return self.module is not None
 
     def unavailable_reason(self) -> str:
-        """Why :meth:`available` is False, naming the module (for warnings and errors)."""
+        """Why the module cannot run, naming it (for warnings and errors): missing, or a
+        failed probe launch (:meth:`launch_error`)."""
+        failed = "; ".join(f"{device}: {error}" for device, error in self._launch_errors.items()
+                           if error is not None)
+        if self._module is not None and failed:
+            return f"the compiled module lze_kernels.{self.module_name} cannot launch ({failed})"
         return (f"the compiled module lze_kernels.{self.module_name} is missing "
                 f"({self._import_error})")
+
+    def launch_error(self, device: torch.device) -> Optional[str]:
+        """Why a launch on ``device`` fails (None when it runs), probed once per device.
+
+        The CUDA module links the CUDA runtime statically, so it imports even where the driver
+        is older than that runtime; every launch then returns cudaErrorInsufficientDriver (35).
+        The probe is one top-k launch on a 1-element batch, whose launch status the launcher
+        returns synchronously."""
+        key = str(device)
+        if key not in self._launch_errors:
+            self._launch_errors[key] = self._probe(device)
+        return self._launch_errors[key]
+
+    def _probe(self, device: torch.device) -> Optional[str]:
+        energy = torch.zeros(1, device=device)
+        step_counter = torch.zeros(2, dtype=torch.int64, device=device)
+        try:
+            self.topk(energy, 1, 0.0, 0, step_counter)
+        except RuntimeError as error:
+            return str(error)
+        return None
 
     # -- the two ops --------------------------------------------------------------------------
 
