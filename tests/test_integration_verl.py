@@ -46,10 +46,10 @@ def verl_grpo_reference(token_level_rewards, response_mask, index, epsilon=1e-6,
     return advantages, advantages
 
 
-def verl_batch(num_prompts, group, length=12, seed=0, binary=True, singles=0):
+def verl_batch(num_prompts, group, length=12, seed=0, binary=True, singles=0, grouped=False):
     """A batch the way verl's fit builds it: fresh uuid4 uids repeated per rollout, responses
-    shuffled (balance_batch reorders), the outcome reward on the last response token, and the
-    dataset row of each response (non_tensor_batch["index"])."""
+    shuffled (balance_batch reorders; ``grouped``: left in uid order), the outcome reward on the
+    last response token, and the dataset row of each response (non_tensor_batch["index"])."""
     g = torch.Generator().manual_seed(seed)
     rng = np.random.default_rng(seed)
     uids = np.array([str(uuid.UUID(int=int(rng.integers(2**62)))) for _ in range(num_prompts)],
@@ -64,7 +64,7 @@ def verl_batch(num_prompts, group, length=12, seed=0, binary=True, singles=0):
     response_mask = (torch.arange(length)[None, :] < lengths[:, None]).to(torch.int64)
     token_level_rewards = torch.zeros(bs, length)
     token_level_rewards[torch.arange(bs), lengths - 1] = scores
-    order = rng.permutation(bs)
+    order = np.arange(bs) if grouped else rng.permutation(bs)
     return (token_level_rewards[order], response_mask[order], index[order],
             dataset_index[order])
 
@@ -72,21 +72,53 @@ def verl_batch(num_prompts, group, length=12, seed=0, binary=True, singles=0):
 # ----------------------------------------------------------------------------- uid -> rows
 
 
-def test_group_by_uid_places_every_response_once():
-    _, _, index, _ = verl_batch(20, 5, singles=3)
-    groups = group_by_uid(index, "cpu")
-    uids = sorted(set(index))
-    assert groups.row.tolist() == [uids.index(uid) for uid in index]  # sorted uid order
-    cells = set(zip(groups.row.tolist(), groups.slot.tolist()))
-    assert len(cells) == len(index) and groups.width == 5
-    for g, first in enumerate(groups.first.tolist()):  # first response of each group, in order
-        assert index[first] == uids[g] and list(index).index(uids[g]) == first
+def layout_reference(index):
+    """(row, slot, first, width) by a plain loop: groups numbered in order of first appearance,
+    each response's slot its place among its uid's responses in batch order."""
+    row_of, members = {}, defaultdict(list)
+    for i, uid in enumerate(index):
+        row_of.setdefault(uid, len(row_of))
+        members[uid].append(i)
+    row = [row_of[uid] for uid in index]
+    slot = [members[uid].index(i) for i, uid in enumerate(index)]
+    return row, slot, [members[uid][0] for uid in row_of], max(map(len, members.values()))
 
 
-def test_group_by_uid_accepts_tensors():
-    index = torch.tensor([7, 3, 7, 3, 9])
+def check_layout(index):
     groups = group_by_uid(index, "cpu")
-    assert groups.row.tolist() == [1, 0, 1, 0, 2] and groups.slot.tolist() == [0, 0, 1, 1, 0]
+    row, slot, first, width = layout_reference(index.tolist())
+    assert groups.row.tolist() == row and groups.slot.tolist() == slot
+    assert groups.first.tolist() == first and groups.width == width
+    full = len(index) == len(first) * width
+    assert groups.full == full
+    assert groups.blocked == (full and row == [i // width for i in range(len(index))])
+
+
+@settings(max_examples=60, deadline=None)
+@given(sizes=st.lists(st.integers(1, 6), min_size=1, max_size=12), order=st.sampled_from(
+    ["grouped", "shuffled", "split"]), seed=st.integers(0, 2**16))
+def test_group_by_uid_matches_a_plain_loop(sizes, order, seed):
+    """Grouped (the fast path), shuffled (hash numbering + counting placement) and a uid that
+    comes back after another one (grouped-looking runs that must not be taken as groups)."""
+    rng = np.random.default_rng(seed)
+    uids = np.array([str(uuid.UUID(int=int(rng.integers(2**62)))) for _ in sizes], dtype=object)
+    index = np.repeat(uids, sizes)
+    if order == "shuffled":
+        index = index[rng.permutation(len(index))]
+    elif order == "split":
+        index = np.concatenate([index, index[:1]])
+    check_layout(index)
+    check_layout(torch.from_numpy(np.unique(index, return_inverse=True)[1] * 7))
+
+
+def test_group_by_uid_blocks_and_tensors():
+    groups = group_by_uid(np.array(["b", "b", "a", "a", "c", "c"], dtype=object), "cpu")
+    assert groups.row.tolist() == [0, 0, 1, 1, 2, 2] and groups.blocked
+    groups = group_by_uid(torch.tensor([7, 3, 7, 3, 9]), "cpu")
+    assert groups.row.tolist() == [0, 1, 0, 1, 2] and groups.slot.tolist() == [0, 0, 1, 1, 0]
+    assert groups.first.tolist() == [0, 1, 4] and not groups.full
+    with pytest.raises(ValueError, match="index"):
+        group_by_uid(np.array([], dtype=object), "cpu")
 
 
 # ----------------------------------------------------------------------------- advantages
@@ -94,8 +126,9 @@ def test_group_by_uid_accepts_tensors():
 
 @pytest.mark.parametrize("norm", [True, False])
 @pytest.mark.parametrize("uid_type", ["numpy", "tensor"])
-def test_binary_rewards_match_verl_exactly(norm, uid_type):
-    rewards, mask, index, rows = verl_batch(48, 8, singles=2)
+@pytest.mark.parametrize("singles, grouped", [(2, False), (2, True), (0, False), (0, True)])
+def test_binary_rewards_match_verl_exactly(norm, uid_type, singles, grouped):
+    rewards, mask, index, rows = verl_batch(48, 8, singles=singles, grouped=grouped)
     expected, _ = verl_grpo_reference(rewards, mask, index, norm_adv_by_std_in_grpo=norm)
     if uid_type == "tensor":
         index = torch.from_numpy(np.unique(index, return_inverse=True)[1])
@@ -115,14 +148,15 @@ def test_single_rollout_group_follows_verl_not_the_kernels():
     torch.testing.assert_close(advantages, verl_grpo_reference(rewards, mask, index)[0])
 
 
-@settings(max_examples=30, deadline=None)
-@given(num_prompts=st.integers(1, 12), group=st.integers(2, 9), singles=st.integers(0, 3),
+@settings(max_examples=40, deadline=None)
+@given(num_prompts=st.integers(1, 12), group=st.integers(1, 9), singles=st.integers(0, 3),
        binary=st.booleans(), norm=st.booleans(), epsilon=st.sampled_from([1e-6, 1e-4]),
-       seed=st.integers(0, 2**16))
-def test_matches_verl_on_any_batch(num_prompts, group, singles, binary, norm, epsilon, seed):
+       grouped=st.booleans(), seed=st.integers(0, 2**16))
+def test_matches_verl_on_any_batch(num_prompts, group, singles, binary, norm, epsilon, grouped,
+                                   seed):
     singles = min(singles, num_prompts)
     rewards, mask, index, rows = verl_batch(num_prompts, group, seed=seed, binary=binary,
-                                            singles=singles)
+                                            singles=singles, grouped=grouped)
     expected, _ = verl_grpo_reference(rewards, mask, index, epsilon, norm)
     advantages, _ = LZEAdvantage(100)(rewards, mask, index, epsilon=epsilon,
                                       norm_adv_by_std_in_grpo=norm, prompt_index=rows)
@@ -150,8 +184,9 @@ def test_keep_mask_is_the_selectors_choice_of_whole_groups():
     adapter = LZEAdvantage(100, config)
     adapter(rewards, mask, index, prompt_index=rows)
 
-    # Independently: groups in sorted uid order (as the adapter numbers them), a fresh selector.
-    uids = sorted(set(index))
+    # Independently: groups in order of first appearance (as the adapter numbers them), a fresh
+    # selector.
+    uids = list(dict.fromkeys(index))
     scores = rewards.sum(-1)
     by_uid = torch.stack([scores[torch.from_numpy(index == uid)] for uid in uids])
     ids = torch.tensor([rows[list(index).index(uid)] for uid in uids], dtype=torch.int64)

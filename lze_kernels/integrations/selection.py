@@ -38,28 +38,32 @@ def check_policy(policy: str) -> None:
 
 
 def select_groups(policy: str, selector: Optional[LZESelector], rewards: torch.Tensor,
-                  prompt_ids: torch.Tensor, valid: torch.Tensor) -> GroupSelection:
-    """Apply ``policy`` to ``rewards`` [B, G] (``valid`` [B, G] marks the scored rollouts).
+                  prompt_ids: torch.Tensor, valid: Optional[torch.Tensor]) -> GroupSelection:
+    """Apply ``policy`` to ``rewards`` [B, G] (``valid`` [B, G] marks the scored rollouts; None:
+    all are).
 
     ``"lze"`` runs ``selector.step`` (rewards must lie in [0, 1]: see :func:`unit_scores`);
     ``"dapo"`` needs no selector and takes rewards of any range."""
     if policy == "dapo":
         keep = ops.dapo_keep_mask(rewards, valid)
         return GroupSelection(prompt_ids, keep, keep.sum())
-    rewards = torch.where(valid, rewards, 0.0)  # unscored entries may hold NaN
+    if valid is not None:
+        rewards = torch.where(valid, rewards, 0.0)  # unscored entries may hold NaN
     out = selector.step(rewards.float(), prompt_ids, valid)
     return GroupSelection(prompt_ids, out.keep_mask, out.num_kept, out)
 
 
-def unit_scores(rewards: torch.Tensor, valid: torch.Tensor,
+def unit_scores(rewards: torch.Tensor, valid: Optional[torch.Tensor],
                 score_fn: Optional[ScoreFn]) -> torch.Tensor:
     """Rewards mapped by ``score_fn`` (default: unchanged) for LZE's pass rate, checked to lie in
-    [0, 1] on the valid entries (one host sync)."""
+    [0, 1] on the valid entries (all when ``valid`` is None; one host sync)."""
     scores = rewards if score_fn is None else score_fn(rewards)
     if not isinstance(scores, torch.Tensor) or scores.shape != rewards.shape:
         raise ValueError(f"score_fn: expected a tensor of shape {tuple(rewards.shape)}, "
                          f"got {getattr(scores, 'shape', type(scores).__name__)}")
-    outside = valid & ~((scores >= 0.0) & (scores <= 1.0))
+    outside = ~((scores >= 0.0) & (scores <= 1.0))
+    if valid is not None:
+        outside &= valid
     if bool(outside.any()):
         raise ValueError("rewards: LZE needs each completion's reward in [0, 1] (a pass rate); "
                          "pass score_fn to map your rewards there, e.g. "

@@ -27,6 +27,7 @@ follows verl here.)
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple, Optional
 
@@ -40,28 +41,79 @@ from .selection import GroupSelection, ScoreFn, check_policy, select_groups, uni
 
 
 class UidGroups(NamedTuple):
-    """Where each response sits in the ``[num_groups, width]`` group layout."""
+    """Where each response sits in the ``[num_groups, width]`` group layout. Groups are numbered
+    in order of first appearance; inside a group, responses keep their batch order."""
 
     row: torch.Tensor  # [bs] int64 group of each response
     slot: torch.Tensor  # [bs] int64 position inside its group
     first: torch.Tensor  # [num_groups] int64 first response of each group
     width: int  # largest group size
+    full: bool  # every group has ``width`` responses (the layout has no padding)
+    blocked: bool  # full, and the batch is the layout row by row (uids arrive grouped)
 
 
 def group_by_uid(index, device) -> UidGroups:
-    """Number verl's uid groups (in sorted uid order) with one vectorised unique, then place each
-    response in its group by a stable sort: no Python loop over uids or responses."""
-    if isinstance(index, torch.Tensor):
-        row = torch.unique(index.to(device), return_inverse=True)[1]
+    """Number verl's uid groups and place each response in its group, in O(bs) host work.
+
+    Grouped uids (each uid's responses contiguous, as verl's ``repeat(interleave=True)`` leaves
+    them) are recognised with one vectorised comparison of neighbours; otherwise (verl's
+    ``balance_batch`` reorders responses) a dict numbers the uids by hashing: ``dict.fromkeys``
+    and ``map`` iterate in C, with no Python loop and no comparison sort of the uid strings.
+    Slots then come from a counting placement: a stable radix argsort of the group numbers
+    (numpy sorts keys of 16 bits or less by radix, so up to 65,536 groups)."""
+    keys = _host_keys(index)
+    if keys.shape[0] == 0:
+        raise ValueError("index: expected one uid per response, got none")
+    runs = _contiguous_groups(keys)
+    if runs is not None:
+        row, first = runs
+        counts = np.diff(first, append=keys.shape[0])
+        slot = np.arange(keys.shape[0]) - first[row]
     else:
-        row = torch.from_numpy(np.unique(np.asarray(index), return_inverse=True)[1]).to(device)
-    row = row.reshape(-1).to(torch.int64)
-    counts = torch.bincount(row)
-    starts = torch.cumsum(counts, 0) - counts
-    order = torch.sort(row, stable=True).indices
-    slot = torch.empty_like(row)
-    slot[order] = torch.arange(row.shape[0], device=device) - starts[row[order]]
-    return UidGroups(row, slot, order[starts], int(counts.max()))
+        row = _hash_groups(keys)
+        counts = np.bincount(row)
+        first, slot = _counting_placement(row, counts)
+    width = int(counts.max())
+    full = bool(counts.min() == width)
+    return UidGroups(*(torch.from_numpy(a).to(device) for a in (row, slot, first)), width, full,
+                     full and runs is not None)
+
+
+def _host_keys(index) -> np.ndarray:
+    if isinstance(index, torch.Tensor):
+        return index.detach().reshape(-1).cpu().numpy()
+    return np.asarray(index).reshape(-1)
+
+
+def _contiguous_groups(keys: np.ndarray):
+    """``(row, first)`` if equal uids arrive contiguously: neighbours compared once, then the
+    uid of each run checked to be new (a dict of the runs' uids). Else None."""
+    change = np.flatnonzero(keys[1:] != keys[:-1]) + 1
+    first = np.concatenate([np.zeros(1, np.int64), change])
+    if len(dict.fromkeys(keys[first].tolist())) != first.shape[0]:
+        return None  # a uid comes back after another one
+    row = np.zeros(keys.shape[0], np.int64)
+    row[change] = 1
+    return np.cumsum(row, out=row), first
+
+
+def _hash_groups(keys: np.ndarray) -> np.ndarray:
+    """[bs] group numbers in order of first appearance, by hashing (a dict, iterated in C)."""
+    uids = keys.tolist()
+    numbers = dict(zip(dict.fromkeys(uids), itertools.count()))
+    return np.fromiter(map(numbers.__getitem__, uids), np.int64, len(uids))
+
+
+def _counting_placement(row: np.ndarray, counts: np.ndarray):
+    """``(first, slot)``: a stable argsort of the group numbers (radix for 16-bit keys) lists the
+    responses group by group; a response's slot is its place in that list minus its group's
+    start."""
+    keys = row.astype(np.uint16) if counts.shape[0] <= 1 << 16 else row
+    order = np.argsort(keys, kind="stable")
+    starts = np.cumsum(counts) - counts
+    slot = np.empty_like(row)
+    slot[order] = np.arange(row.shape[0]) - np.repeat(starts, counts)
+    return order[starts], slot
 
 
 @dataclass
@@ -127,15 +179,13 @@ class LZEAdvantage:
         if groups.row.shape[0] != scores.shape[0]:
             raise ValueError(f"index: expected {scores.shape[0]} uids (one per response), "
                              f"got {groups.row.shape[0]}")
-        num_groups = groups.first.shape[0]
-        valid = self._layout(torch.ones_like(scores, dtype=torch.bool), groups, num_groups)
-        raw = self._layout(scores, groups, num_groups)
+        raw, valid = _layout(scores, groups)
         prompt_ids = self._group_prompt_ids(prompt_index, groups)
 
         selection = select_groups(self.policy, self.selector, self._policy_scores(raw, valid),
                                   prompt_ids, valid)
-        advantages = self._advantages(raw, valid, selection, epsilon, norm)
-        per_response = advantages[groups.row, groups.slot].to(out_device, rewards_dtype)
+        advantages = self._advantages(raw, valid, groups.width, selection, epsilon, norm)
+        per_response = _per_response(advantages, groups).to(out_device, rewards_dtype)
         advantages = per_response.unsqueeze(-1) * response_mask
         keep_mask = selection.keep[groups.row].to(out_device)
         self.last = VerlStep(advantages, advantages, keep_mask, groups, selection)
@@ -156,13 +206,6 @@ class LZEAdvantage:
 
     # ------------------------------------------------------------------------- internals
 
-    @staticmethod
-    def _layout(values: torch.Tensor, groups: UidGroups, num_groups: int) -> torch.Tensor:
-        """[bs] per-response values -> [num_groups, width], zero-padded."""
-        out = values.new_zeros(num_groups, groups.width)
-        out[groups.row, groups.slot] = values
-        return out
-
     def _group_prompt_ids(self, prompt_index, groups: UidGroups) -> torch.Tensor:
         """[num_groups] dataset rows; the first response's row, checked for the whole group."""
         ids = self._bound if prompt_index is None else _as_ids(prompt_index, self.device)
@@ -180,11 +223,11 @@ class LZEAdvantage:
             raise ValueError("prompt_index: responses of one uid carry different dataset rows")
         return group_ids
 
-    def _policy_scores(self, raw: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    def _policy_scores(self, raw: torch.Tensor, valid: Optional[torch.Tensor]) -> torch.Tensor:
         return raw if self.policy == "dapo" else unit_scores(raw, valid, self.score_fn)
 
-    def _advantages(self, raw: torch.Tensor, valid: torch.Tensor, selection: GroupSelection,
-                    epsilon: float, norm: bool) -> torch.Tensor:
+    def _advantages(self, raw: torch.Tensor, valid: Optional[torch.Tensor], width: int,
+                    selection: GroupSelection, epsilon: float, norm: bool) -> torch.Tensor:
         """[num_groups, width] verl GRPO advantages; the fused step's when it saw the same
         rewards and constants, else one vectorised pass."""
         step = selection.step
@@ -193,8 +236,31 @@ class LZEAdvantage:
                                                     norm_by_std=norm))
         advantages = step.advantages if same else ops.grpo_advantages(raw, valid, epsilon, norm)
         # verl: a one-response group has mean 0 and std 1.
+        alone = raw / (1.0 + epsilon) if norm else raw
+        if valid is None:  # every group has `width` responses
+            return alone if width == 1 else advantages
         single = valid.sum(dim=1, keepdim=True) == 1
-        return torch.where(single & valid, raw / (1.0 + epsilon) if norm else raw, advantages)
+        return torch.where(single & valid, alone, advantages)
+
+
+def _layout(scores: torch.Tensor, groups: UidGroups):
+    """[bs] scores -> ``(raw, valid)`` [num_groups, width], zero-padded; ``valid`` is None when
+    no group is short, and ``raw`` a view of ``scores`` when the uids arrived grouped."""
+    num_groups = groups.first.shape[0]
+    if groups.blocked:
+        return scores.view(num_groups, groups.width), None
+    cell = groups.row * groups.width + groups.slot
+    raw = scores.new_zeros(num_groups * groups.width).index_put_((cell,), scores)
+    if groups.full:
+        return raw.view(num_groups, -1), None
+    valid = torch.zeros_like(raw, dtype=torch.bool).index_fill_(0, cell, True)
+    return raw.view(num_groups, -1), valid.view(num_groups, -1)
+
+
+def _per_response(advantages: torch.Tensor, groups: UidGroups) -> torch.Tensor:
+    """[num_groups, width] -> [bs] in batch order."""
+    flat = advantages.reshape(-1)
+    return flat if groups.blocked else flat[groups.row * groups.width + groups.slot]
 
 
 def _as_ids(values, device) -> torch.Tensor:
