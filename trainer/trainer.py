@@ -222,7 +222,8 @@ class GRPOTrainer:
     def _update(self, batch: methods.StepBatch, selection: Selection,
                 kept_rows: list[int], timer) -> UpdateStats:
         with timer("dispatch"):
-            rows_per_shard = len(self.generation.local_rows(len(batch.plan.counts)))
+            # ceil(rows / engines) on every rank (with replay the last slice may be shorter)
+            rows_per_shard = -(-len(batch.plan.counts) // self.generation.num_shards)
             mine = dispatch_kept_groups(batch.groups, selection.advantages.cpu(), kept_rows,
                                         rows_per_shard, self.world, self.tp)
         with timer("update"):
