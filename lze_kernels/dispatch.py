@@ -5,6 +5,9 @@ Every backend exposes the same two functions with the semantics of :mod:`lze_ker
 * ``step(rewards, valid, prompt_ids, state, params) -> StepStats`` (one fused launch)
 * ``topk(energy, k, noise_scale, seed, step_counter) -> Selection`` (one launch)
 
+and may expose ``predict(query_emb, ref_emb, ref_pass, scale) -> [N] fp32`` (the DOTS
+prediction, :mod:`lze_kernels.dots`; ``has_op("predict")`` says whether it does).
+
 ``auto`` picks ``cuda`` (else ``triton``) for GPU tensors and ``cpu`` for CPU tensors, falling back
 to ``torch`` when an extension is missing, with a warning (once per device type) naming what is
 missing. A compiled module is chosen only after one probe launch on the device succeeded (once
@@ -45,6 +48,16 @@ class TorchBackend:
     def topk(energy, k, noise_scale, seed, step_counter):
         return reference.topk_select(energy, k, noise_scale, seed, step_counter[0])
 
+    @staticmethod
+    def predict(query_emb, ref_emb, ref_pass, scale):
+        from . import dots
+
+        return dots.predict_pass_rates_reference(query_emb, ref_emb, ref_pass, scale)
+
+    @staticmethod
+    def has_op(op: str) -> bool:
+        return True
+
 
 class TritonBackend:
     """Fused Triton kernels (GPU tensors; CPU tensors under ``TRITON_INTERPRET=1``)."""
@@ -81,6 +94,16 @@ class TritonBackend:
             energy, k, noise_scale, seed, step_counter
         )
 
+    @staticmethod
+    def predict(query_emb, ref_emb, ref_pass, scale):
+        return importlib.import_module("lze_kernels.triton_kernels").predict_pass_rates(
+            query_emb, ref_emb, ref_pass, scale
+        )
+
+    @staticmethod
+    def has_op(op: str) -> bool:
+        return True
+
 
 class _Native:
     """Adapter giving a :class:`native.NativeBackend` the registry's interface."""
@@ -91,6 +114,8 @@ class _Native:
         self.device_types = (backend.device_type,)
         self.step = backend.step
         self.topk = backend.topk
+        self.predict = backend.predict
+        self.has_op = backend.has_op
         self.unavailable_reason = backend.unavailable_reason
         self.launch_error = backend.launch_error
 
@@ -137,11 +162,29 @@ def resolve(name: str, device) -> object:
     return backend
 
 
-def _auto_name(device: torch.device) -> str:
+def resolve_op(name: str, device, op: str) -> object:
+    """:func:`resolve` for an op that not every backend has (``"predict"``): ``auto`` (and
+    ``LZE_BACKEND``) skip backends without a kernel for it, e.g. CUDA for the DOTS prediction,
+    which Triton then runs; naming such a backend explicitly is an error."""
+    device = torch.device(device)
+    if name == "auto":
+        override = os.environ.get("LZE_BACKEND")
+        usable = override in BACKENDS and BACKENDS[override].has_op(op)
+        name = override if usable else _auto_name(device, op)
+    backend = resolve(name, device)
+    if not backend.has_op(op):
+        having = [n for n in available_backends(device) if BACKENDS[n].has_op(op)]
+        raise ValueError(f"backend: {name!r} has no {op} kernel (backends with one on "
+                         f"{device}: {having})")
+    return backend
+
+
+def _auto_name(device: torch.device, op: str = "step") -> str:
     preference = ("cuda", "triton") if device.type == "cuda" else ("cpu",)
     for name in preference:
         backend = BACKENDS[name]
-        if backend.available() and supports(backend, device) and _launches(backend, device):
+        if (backend.available() and supports(backend, device) and backend.has_op(op)
+                and _launches(backend, device)):
             return name
     _warn_slow_fallback(device, [BACKENDS[name] for name in preference])
     return "torch"

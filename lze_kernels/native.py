@@ -5,7 +5,8 @@ output allocation, dtype codes, the current CUDA stream or the CPU thread budget
 (meta) implementations
 that let ``torch.compile`` trace through the ops and CUDA graphs capture them. Each compiled
 module becomes one :class:`NativeBackend` with two ops, ``lze_kernels::step_<name>`` and
-``lze_kernels::topk_<name>``.
+``lze_kernels::topk_<name>``, and a third, ``lze_kernels::predict_<name>`` (the DOTS
+prediction), where the module has a ``predict`` function (only ``_lze_cpu`` so far).
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ class NativeBackend:
         self._launch_errors: dict[str, Optional[str]] = {}  # device -> probe result
         self._step_op = self._define_step_op()
         self._topk_op = self._define_topk_op()
+        self._predict_op = self._define_predict_op()
 
     @property
     def module(self):
@@ -135,7 +137,11 @@ class NativeBackend:
             return str(error)
         return None
 
-    # -- the two ops --------------------------------------------------------------------------
+    def has_op(self, op: str) -> bool:
+        """Whether the module has a kernel for ``op`` (every module has step and topk)."""
+        return op in ("step", "topk") or (op == "predict" and hasattr(self.module, "predict"))
+
+    # -- the ops ------------------------------------------------------------------------------
 
     def step(self, rewards, valid, prompt_ids, state: SelectorState, params: KernelParams):
         adv, pass_rate, energy, momentum = self._step_op(
@@ -151,6 +157,11 @@ class NativeBackend:
             energy.contiguous(), k, noise_scale, seed, step_counter
         )
         return Selection(keep_mask, kept, num_kept.view(()))
+
+    def predict(self, query_emb, ref_emb, ref_pass, scale: float):
+        """DOTS prediction (``dots.predict_pass_rates``); the kernel reads fp32 embeddings."""
+        return self._predict_op(query_emb.float().contiguous(), ref_emb.float().contiguous(),
+                                ref_pass.float().contiguous(), scale)
 
     # -- op definitions -----------------------------------------------------------------------
 
@@ -207,6 +218,27 @@ class NativeBackend:
             return _empty_topk_outputs(energy, k)
 
         return topk_op
+
+    def _define_predict_op(self):
+        @torch.library.custom_op(
+            f"lze_kernels::predict_{self.name}", mutates_args=(), device_types=self.device_type
+        )
+        def predict_op(query_emb: Tensor, ref_emb: Tensor, ref_pass: Tensor,
+                       scale: float) -> Tensor:
+            out = torch.empty(query_emb.shape[0], dtype=torch.float32, device=query_emb.device)
+            status = self.module.predict(
+                query_emb.data_ptr(), ref_emb.data_ptr(), ref_pass.data_ptr(),
+                query_emb.shape[0], ref_emb.shape[0], query_emb.shape[1], scale,
+                out.data_ptr(), self._launch_arg(query_emb.device),
+            )
+            _check_status(status, f"predict ({self.name})")
+            return out
+
+        @predict_op.register_fake
+        def _(query_emb, ref_emb, ref_pass, scale):
+            return query_emb.new_empty(query_emb.shape[0], dtype=torch.float32)
+
+        return predict_op
 
 
 def _empty_step_outputs(rewards: Tensor):

@@ -1,7 +1,8 @@
 """Building blocks for users who keep their own training loop (verl, TRL, OpenRLHF).
 
 Each function is sync-free and returns fixed-shape tensors. ``lze_update`` and ``topk_mask`` run
-on a backend (``"auto"`` picks the fused kernels of the device); the others are PyTorch.
+on a backend (``"auto"`` picks the fused kernels of the device); the others are PyTorch. DOTS (SPEC 8, :mod:`lze_kernels.dots`): ``predict_pass_rates`` runs on a
+backend too; ``calibrate_linear``, ``apply_calibration`` and ``sample_near_half`` are PyTorch.
 
 Example (inside a verl/TRL advantage hook)::
 
@@ -18,12 +19,14 @@ import torch
 
 from . import dispatch, reference, validation
 from .config import LZEConfig, num_keep
+from .dots import apply_calibration, calibrate_linear, predict_pass_rates, sample_near_half
 from .layout import KernelParams, SelectorState
 from .reference import GroupStats, Selection, StepStats, dapo_keep_mask, group_stats
 
 __all__ = [
     "GroupStats", "Selection", "StepStats", "new_state", "group_stats", "grpo_advantages",
     "lze_update", "topk_mask", "dapo_keep_mask", "allocate_rollouts", "num_keep",
+    "predict_pass_rates", "calibrate_linear", "apply_calibration", "sample_near_half",
 ]
 
 

@@ -16,6 +16,7 @@ import torch
 from . import layout as L
 
 FLOAT_DTYPES = tuple(L.REWARD_DTYPE_CODES)
+ANY_FLOAT_DTYPES = (*FLOAT_DTYPES, torch.float64)
 
 
 def _fail(name: str, expected: str, got) -> None:
@@ -104,3 +105,71 @@ def check_unit_interval(name: str, value) -> None:
     """A float hyper-parameter in [0, 1]."""
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value <= 1:
         _fail(name, "a float in [0, 1]", value)
+
+
+def _check_positive_float(name: str, value) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0 \
+            or value == float("inf"):
+        _fail(name, "a finite float > 0", repr(value))
+
+
+def check_dots_prediction(query_emb, ref_emb, ref_pass, attention_tau) -> None:
+    """Structure of a DOTS prediction (SPEC 8): ``query_emb [N, d]``, ``ref_emb [K, d]`` of the
+    same float dtype with K >= 1, ``ref_pass [K]`` float, one device, ``attention_tau > 0``."""
+    if not isinstance(query_emb, torch.Tensor):
+        _fail("query_emb", "a torch.Tensor", type(query_emb).__name__)
+    device = query_emb.device
+    check_tensor(query_emb, "query_emb", FLOAT_DTYPES, 2, device)
+    check_tensor(ref_emb, "ref_emb", (query_emb.dtype,), 2, device)
+    check_tensor(ref_pass, "ref_pass", ANY_FLOAT_DTYPES, 1,
+                 device)
+    if query_emb.shape[1] == 0:
+        _fail("query_emb", "embeddings of dimension d >= 1", f"shape {tuple(query_emb.shape)}")
+    if ref_emb.shape[0] == 0:
+        _fail("ref_emb", "at least one reference (K >= 1)", "K = 0")
+    if ref_emb.shape[1] != query_emb.shape[1]:
+        _fail("ref_emb", f"dimension d = {query_emb.shape[1]} like query_emb",
+              f"shape {tuple(ref_emb.shape)}")
+    if ref_pass.shape[0] != ref_emb.shape[0]:
+        _fail("ref_pass", f"shape ({ref_emb.shape[0]},) matching ref_emb's K",
+              f"{tuple(ref_pass.shape)}")
+    _check_positive_float("attention_tau", attention_tau)
+
+
+def check_calibration_points(predicted, actual) -> None:
+    """``predicted [K]`` and ``actual [K]`` float tensors on one device, K >= 1."""
+    if not isinstance(predicted, torch.Tensor):
+        _fail("predicted", "a torch.Tensor", type(predicted).__name__)
+    check_tensor(predicted, "predicted", ANY_FLOAT_DTYPES, 1, predicted.device)
+    check_tensor(actual, "actual", ANY_FLOAT_DTYPES, 1, predicted.device)
+    if predicted.shape[0] == 0:
+        _fail("predicted", "at least one point (K >= 1)", "K = 0")
+    if actual.shape != predicted.shape:
+        _fail("actual", f"shape {tuple(predicted.shape)} like predicted", tuple(actual.shape))
+
+
+def check_near_half_sampling(predicted, n, tau, seed, step, eligible) -> None:
+    """Structure of a DOTS draw: ``predicted [N]`` float, ``n`` in [1, N], ``tau > 0``, a
+    32-bit ``seed``, ``step`` an int64 tensor with >= 1 element and ``eligible [N]`` bool, all
+    on ``predicted``'s device."""
+    if not isinstance(predicted, torch.Tensor):
+        _fail("predicted", "a torch.Tensor", type(predicted).__name__)
+    device = predicted.device
+    check_tensor(predicted, "predicted", ANY_FLOAT_DTYPES, 1,
+                 device)
+    size = predicted.shape[0]
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= size:
+        _fail("n", f"an int in [1, {size}] (the number of prompts)", repr(n))
+    _check_positive_float("tau", tau)
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**32:
+        _fail("seed", "an int in [0, 2**32)", repr(seed))
+    if step is not None:
+        if not isinstance(step, torch.Tensor):
+            _fail("step", "an int64 tensor", type(step).__name__)
+        if step.dtype != torch.int64 or step.numel() < 1 or step.device != device:
+            _fail("step", f"an int64 tensor with at least one element on {device}",
+                  f"{step.dtype} of shape {tuple(step.shape)} on {step.device}")
+    if eligible is not None:
+        check_tensor(eligible, "eligible", (torch.bool,), 1, device)
+        if eligible.shape[0] != size:
+            _fail("eligible", f"shape ({size},) like predicted", tuple(eligible.shape))
