@@ -292,8 +292,10 @@ def test_sampler_compiles_fullgraph():
                        choose(pred, y, step_key(2), eligible))
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", [predict_param("torch"), predict_param("cpu")])
 def test_prediction_traces_fullgraph(backend):
+    """The reference and the C++ custom op trace without a graph break (the Triton launch runs
+    in the interpreter here, which dynamo does not trace)."""
     torch._dynamo.reset()
     q, r, y = inputs(40, 6, 12)
     compiled = torch.compile(lambda a, b, c: ops.predict_pass_rates(a, b, c, backend=backend),

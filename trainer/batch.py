@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 
@@ -43,24 +43,56 @@ class SequenceBatch:
 
 
 def micro_batches(groups: Sequence[RolloutGroup], micro_batch_size: int, count: int,
-                  pad_id: int) -> list[SequenceBatch]:
-    """The groups' sequences in ``count`` micro-batches of at most ``micro_batch_size``; missing
-    ones (``count`` is the maximum over ranks) are zero-weight copies of the first sequence."""
-    sequences = [(g, j) for g in groups for j in range(len(g.responses))]
-    chunks = [sequences[i:i + micro_batch_size]
-              for i in range(0, len(sequences), micro_batch_size)]
+                  pad_id: int, max_tokens: Optional[int] = None) -> list[SequenceBatch]:
+    """The groups' sequences packed by :func:`pack` into ``count`` micro-batches; missing ones
+    (``count`` is the maximum over ranks) are zero-weight copies of the first sequence."""
+    chunks = pack(groups, micro_batch_size, max_tokens)
     filler = [(replace(groups[0], weight=0.0), 0)]
     chunks += [filler] * (count - len(chunks))
     return [_collate(chunk, pad_id) for chunk in chunks]
 
 
-def num_micro_batches(groups: Sequence[RolloutGroup], micro_batch_size: int) -> int:
-    sequences = sum(len(g.responses) for g in groups)
-    return -(-sequences // micro_batch_size)
+def num_micro_batches(groups: Sequence[RolloutGroup], micro_batch_size: int,
+                      max_tokens: Optional[int] = None) -> int:
+    return len(pack(groups, micro_batch_size, max_tokens))
+
+
+def pack(groups: Sequence[RolloutGroup], micro_batch_size: int,
+         max_tokens: Optional[int] = None) -> list[list[tuple[RolloutGroup, int]]]:
+    """(group, response index) chunks: sequences sorted longest first (stable), cut greedily into
+    chunks of at most ``micro_batch_size`` rows whose padded size, rows x the first (longest)
+    length, is at most ``max_tokens`` (None: no token cap). A sequence longer than the cap gets a
+    chunk of its own (config validation rules that out for the trainer's sequences).
+
+    Sorting makes a chunk's padding the length spread of neighbours, so memory and time follow
+    the tokens, not the longest response of the batch; the loss is a sum over sequences divided
+    by global normalisers (:mod:`lze_trainer.loss`), so the order changes nothing but float
+    rounding. For a sorted list, greedy cutting gives the fewest chunks. A micro-batch's logits
+    are rows x length x V in the model's dtype, so ``max_tokens`` bounds them by
+    ``max_tokens x V x 2`` bytes in bf16 (and their gradient by as much again)."""
+    sequences = sorted(((g, j) for g in groups for j in range(len(g.responses))),
+                       key=lambda s: -_length(*s))
+    chunks: list[list[tuple[RolloutGroup, int]]] = []
+    for seq in sequences:
+        if chunks and _fits(chunks[-1], micro_batch_size, max_tokens):
+            chunks[-1].append(seq)
+        else:
+            chunks.append([seq])
+    return chunks
+
+
+def _fits(chunk, micro_batch_size: int, max_tokens: Optional[int]) -> bool:
+    """Whether one more (no longer) sequence can join ``chunk``."""
+    rows = len(chunk) + 1
+    return rows <= micro_batch_size and (max_tokens is None or rows * _length(*chunk[0]) <= max_tokens)
+
+
+def _length(group: RolloutGroup, j: int) -> int:
+    return len(group.prompt) + len(group.responses[j].token_ids)
 
 
 def _collate(chunk, pad_id: int) -> SequenceBatch:
-    length = max(len(g.prompt) + len(g.responses[j].token_ids) for g, j in chunk)
+    length = max(_length(g, j) for g, j in chunk)
     n = len(chunk)
     input_ids = torch.full((n, length), pad_id, dtype=torch.long)
     attention = torch.zeros((n, length), dtype=torch.long)
