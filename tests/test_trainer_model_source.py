@@ -29,7 +29,7 @@ def test_unreachable_hub_id_says_how_to_fix_it(tmp_path, monkeypatch):
     import torch.distributed as dist
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(model_source.D, "broadcast_object", lambda obj, src=0: obj)
+    monkeypatch.setattr(model_source.D, "all_gather_object", lambda obj: [obj])
     assert not dist.is_initialized()
     with pytest.raises(model_source.ModelSourceError) as err:
         model_source.resolve("HuggingFaceTB/SmolLM2-135M-Instruct", tmp_path, SINGLE,

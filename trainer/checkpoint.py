@@ -13,7 +13,9 @@ Rollout engines are reseeded from (seed, step, shard) at every step
 from __future__ import annotations
 
 import random
+import secrets
 import shutil
+import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -40,6 +42,44 @@ COMPATIBILITY_KEYS = (
 
 class CheckpointError(ValueError):
     pass
+
+
+def check_shared_run_dir(run_dir: Path, world: D.World, wait_s: float = 5.0) -> None:
+    """Fail on every rank, naming ``trainer.run_dir``, unless every rank sees the same folder.
+
+    A checkpoint is written in parts (DeepSpeed's shards by every rank; the trainer state and
+    ``COMPLETE`` by rank 0) and read back by every rank on resume, so on several nodes the run
+    folder must live on a filesystem all of them mount at the same path. Rank 0 writes a file
+    with a fresh random name and content; each rank looks for it for up to ``wait_s`` seconds
+    (a network filesystem may show a new file late)."""
+    token = D.broadcast_object(secrets.token_hex(8) if world.is_main else None)
+    probe = Path(run_dir) / f".shared_check_{token}"
+    if world.is_main:
+        probe.parent.mkdir(parents=True, exist_ok=True)
+        probe.write_text(token)
+    D.barrier()
+    seen = D.all_gather_object(_read_within(probe, wait_s) == token)
+    if world.is_main:
+        probe.unlink()
+    blind = [rank for rank, ok in enumerate(seen) if not ok]
+    if blind:
+        raise CheckpointError(
+            f"trainer.run_dir: {str(run_dir)!r} is not one folder shared by all ranks: rank(s) "
+            f"{blind} do not see the file rank 0 wrote there. Checkpoints are written in parts by "
+            f"different ranks and read by all of them on resume, so on several nodes "
+            f"trainer.run_dir must be on a filesystem every node mounts at the same path (NFS, "
+            f"Lustre, ...).")
+
+
+def _read_within(path: Path, wait_s: float) -> str | None:
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return path.read_text()
+        except OSError:
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.2)
 
 
 def checkpoints_dir(run_dir: Path) -> Path:

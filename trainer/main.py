@@ -17,6 +17,7 @@ import logging
 import os
 import sys
 import warnings
+from pathlib import Path
 
 from .config import ConfigError, load, validate_world
 
@@ -37,15 +38,21 @@ def main(argv=None) -> int:
     except ConfigError as e:
         print(f"lze_trainer: {e}", file=sys.stderr)
         return 2
+    from . import run_log
+
+    run_log.setup(Path(cfg.trainer.run_dir), int(os.environ.get("RANK", "0")))
     _quiet_libraries()
     from . import distributed
+    from .checkpoint import CheckpointError, check_shared_run_dir
     from .trainer import GRPOTrainer
 
-    world = distributed.init(cfg.trainer.device, cfg.trainer.threads_per_rank)
     try:
-        validate_world(cfg, world.size)
-        trainer = GRPOTrainer(cfg, world)  # data-dependent checks raise ConfigError on every rank
-    except ConfigError as e:
+        with run_log.libraries_to_log():  # start-up: op builds, engine set-up, C++ warnings
+            world = distributed.init(cfg.trainer.device, cfg.trainer.threads_per_rank)
+            validate_world(cfg, world.size)
+            check_shared_run_dir(Path(cfg.trainer.run_dir), world)
+            trainer = GRPOTrainer(cfg, world)  # data-dependent checks raise on every rank
+    except (ConfigError, CheckpointError) as e:
         print(f"lze_trainer: {e}", file=sys.stderr)
         distributed.shutdown()
         return 2
@@ -55,9 +62,7 @@ def main(argv=None) -> int:
 
 
 def _quiet_libraries() -> None:
-    """Progress and warnings of the trainer stay readable: engines log warnings only."""
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "1")
+    """Engines log warnings only (what they log goes to the run folder's log, run_log)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     for name in ("DeepSpeed", "deepspeed", "torch.distributed"):

@@ -10,6 +10,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Optional
 
+from .run_log import console
+
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "training_curves.png"
 
@@ -83,7 +85,7 @@ class MetricsLogger:
             from tqdm import tqdm
 
             self.bar = tqdm(total=total_steps, initial=start, desc="GRPO", unit="step",
-                            dynamic_ncols=True)
+                            dynamic_ncols=True, file=console("err"))
 
     def start_clock(self) -> None:
         """The bar's rate and ETA count from the first GRPO step, not from its creation (before
@@ -109,13 +111,13 @@ class MetricsLogger:
                                  kept=f"{metrics.get('sa/kept_ratio', float('nan')):.2f}")
 
     def write(self, message: str) -> None:
-        """A line on rank 0 that does not break the progress bar."""
+        """A line on rank 0's console that does not break the progress bar."""
         if not self.enabled:
             return
         if self.bar is not None:
-            self.bar.write(message)
+            self.bar.write(message, file=console())
         else:
-            print(message, flush=True)
+            print(message, file=console(), flush=True)
 
     def close(self) -> None:
         if self.bar is not None:

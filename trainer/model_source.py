@@ -16,7 +16,8 @@ class ModelSourceError(ValueError):
 def resolve(path: str, run_dir: Path, world: D.World, corpus: Callable[[], Iterable[str]]) -> str:
     """A local folder: ``tiny:`` specs are built in the run folder (rank 0 builds, every rank
     waits), local folders are used as they are, anything else is fetched from the Hugging Face
-    hub once (rank 0) into its cache. ``corpus`` yields the texts a tiny tokenizer is trained on."""
+    hub once per node (its local rank 0) into that node's cache. ``corpus`` yields the texts a
+    tiny tokenizer is trained on."""
     if tiny_model.is_tiny_spec(path):
         tiny_model.TinySpec.parse(path)  # a bad spec fails on every rank, before any collective
         target = Path(run_dir) / "tiny_model"
@@ -31,11 +32,18 @@ def resolve(path: str, run_dir: Path, world: D.World, corpus: Callable[[], Itera
         raise ModelSourceError(f"model.path: {path!r} is not a model folder (expected a folder "
                                "with config.json and weights, a hub id like 'owner/name', or "
                                "a tiny:qwen2?... spec)")
-    # Rank 0 downloads; every rank raises the same error if it fails (none waits forever).
-    outcome = _download(path) if world.is_main else None
-    outcome = D.broadcast_object(outcome)
-    if isinstance(outcome, ModelSourceError):
-        raise outcome
+    # Each node's local rank 0 downloads into that node's cache (nodes need not share a
+    # filesystem); the node's other ranks then find it there. Every rank raises the same error
+    # if any rank failed (none waits forever).
+    downloaded = _raise_on_every_rank(_download(path) if world.local_rank == 0 else None)
+    return _raise_on_every_rank(downloaded or _download(path, cached_only=True))
+
+
+def _raise_on_every_rank(outcome):
+    """``outcome`` once every rank has one; the first failed rank's error raised on all."""
+    errors = [o for o in D.all_gather_object(outcome) if isinstance(o, ModelSourceError)]
+    if errors:
+        raise errors[0]
     return outcome
 
 
@@ -45,12 +53,15 @@ def _check_local(folder: Path) -> None:
                                "Face checkpoint folder)")
 
 
-def _download(repo_id: str) -> str | ModelSourceError:
+def _download(repo_id: str, cached_only: bool = False) -> str | ModelSourceError:
+    """The snapshot's local folder, fetched from the hub (``cached_only``: from this node's cache
+    alone), or the error to raise."""
     from huggingface_hub import snapshot_download
 
     try:
-        return snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors", "*.txt",
-                                                          "*.model", "*.jinja", "*.py"])
+        return snapshot_download(repo_id, local_files_only=cached_only,
+                                 allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model",
+                                                 "*.jinja", "*.py"])
     except Exception as e:  # hub unreachable, unknown repo, gated model, ...
         return ModelSourceError(
             f"model.path: {repo_id!r} is not a local folder and could not be fetched from the "

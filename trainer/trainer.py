@@ -351,8 +351,8 @@ class GRPOTrainer:
         results = {f"startup_s/{k}": v for k, v in self.startup.seconds.items()}
         if self.eval_sets:
             results.update(self._evaluate())
+            self.metrics.write(_eval_line(self.step, results))
         self.metrics.log(self.step, results)
-        self.metrics.write(_eval_line(self.step, results))
 
     def _save(self) -> None:
         method_state = self.method.state_dict()
