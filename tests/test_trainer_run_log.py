@@ -15,6 +15,7 @@ SCRIPT = textwrap.dedent("""
     logging.getLogger("DeepSpeed").warning("ds-warning")
     logging.getLogger("vllm.platforms").warning("vllm-warning")
     warnings.warn("library-future-warning", FutureWarning)
+    warnings.warn("lze_kernels: own-warning", RuntimeWarning)
     with run_log.libraries_to_log():
         print("plain-print", flush=True)
         os.write(2, b"cxx-warning\\n")
@@ -35,3 +36,4 @@ def test_library_output_goes_to_the_log_and_trainer_lines_to_the_console(tmp_pat
     assert not any(line in console for line in library), console
     assert "console-line" in result.stdout and "after-start-up" in result.stdout
     assert "console-line" not in log
+    assert "lze_kernels: own-warning" in log and "lze_kernels: own-warning" in result.stderr

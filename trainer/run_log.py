@@ -3,9 +3,9 @@ to the run folder's log, ``<run_dir>/logs/rank<r>.txt`` (appended across resumes
 
 Three routes lead there: Python logging (vLLM's loggers, left unconfigured so that they reach
 the root logger; DeepSpeed's, whose own stdout handler is bypassed by a filter), Python warnings
-(``logging.captureWarnings``), and, while the libraries start up (process group, DeepSpeed op
-builds, engine construction), file descriptors 1 and 2 themselves, which also catches C++
-warnings and plain prints. :func:`console` is the terminal throughout.
+(this package's own also reach the console), and, while the libraries start up (process group,
+DeepSpeed op builds, engine construction), file descriptors 1 and 2 themselves, which also
+catches C++ warnings and plain prints. :func:`console` is the terminal throughout.
 """
 
 from __future__ import annotations
@@ -13,11 +13,13 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Optional, TextIO
 
 LOG_DIR = "logs"
+OWN_WARNINGS = ("lze_kernels:", "lze_trainer:")
 
 _console: dict[str, TextIO] = {}  # "out" / "err": duplicates of the original stdout / stderr
 _log_path: Optional[Path] = None
@@ -39,7 +41,7 @@ def setup(run_dir: Path, rank: int) -> Path:
     root = logging.getLogger()
     root.addHandler(handler)
     root.setLevel(logging.INFO)
-    logging.captureWarnings(True)
+    warnings.showwarning = _show_warning
     logging.getLogger("DeepSpeed").addFilter(_ForwardTo(handler))
     os.environ["VLLM_CONFIGURE_LOGGING"] = "0"  # vLLM's records propagate to the root logger
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' load/save bars
@@ -47,6 +49,15 @@ def setup(run_dir: Path, rank: int) -> Path:
         if name not in _console:
             _console[name] = open(os.dup(stream.fileno()), "w", buffering=1)
     return _log_path
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Python warnings into the log; this package's own (``lze_kernels: ...``, e.g. a backend
+    fallback) also on the console."""
+    text = warnings.formatwarning(message, category, filename, lineno, line)
+    logging.getLogger("py.warnings").warning(text.rstrip())
+    if str(message).startswith(OWN_WARNINGS):
+        console("err").write(text)
 
 
 class _ForwardTo(logging.Filter):
