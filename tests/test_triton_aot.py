@@ -86,6 +86,14 @@ def test_every_gpu_launch_shape_is_compiled_ahead_of_time(monkeypatch):
         rows, block_g = step.tile_shape(num_rows=65536, group_size=group)
         key = (step._lze_step_kernel, (("BLOCK_G", block_g), ("BLOCK_ROWS", rows)))
         assert key in compiled, group
+    dots = importlib.import_module("lze_kernels.triton_kernels.dots")
+    for dims in (1, 17, 384, 4096):
+        block_n, block_k, block_d = dots.block_shape(100_000, 256, dims)
+        for dtype in dots._POINTER_TYPES:
+            key = (dots._dots_predict_kernel,
+                   (("BLOCK_D", block_d), ("BLOCK_K", block_k), ("BLOCK_N", block_n),
+                    ("DOT_PRECISION", dots._DOT_PRECISION[dtype]), ("UPCAST", False)))
+            assert key in compiled, (dims, dtype)
     block_i, block_j = topk.block_shape(65536)
     for noise in (False, True):
         key = (topk._topk_kernel,
