@@ -10,16 +10,15 @@ exact gradient of the global loss.
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import torch
 
 from . import distributed as D
 from .batch import SequenceBatch
 from .loss import (Normaliser, aggregate, behaviour_weights, clipped_surrogate, kl_penalty,
-                   token_entropy, token_log_probs)
+                   token_log_probs, token_log_probs_and_entropy)
 
 
 UPDATE_SUMS = ("pg_loss", "kl", "entropy", "clipped_tokens", "tokens")
@@ -34,6 +33,7 @@ class UpdateStats:
     engine_logprob_abs_diff_max: torch.Tensor  # |actor - engine| log-prob, before any update
     grad_norms: list[float] = field(default_factory=list)
     skipped_updates: int = 0
+    entropy_measured: bool = False  # whether sums["entropy"] was measured (actor.entropy_every)
 
     @classmethod
     def zeros(cls, device) -> "UpdateStats":
@@ -70,21 +70,25 @@ class Actor:
         self.world = world
         self.on_gpu = world.device.type == "cuda"
         self.bf16 = cfg.model.dtype == "bfloat16" or (cfg.model.dtype == "auto" and self.on_gpu)
+        # Loaded in the training dtype: DeepSpeed's bf16 mode casts the module to bf16 anyway and
+        # keeps its own fp32 master copy in the optimizer, so an fp32 load only costs host RAM
+        # (4 bytes x P per rank, 6 GB at 1.5B parameters).
         model = AutoModelForCausalLM.from_pretrained(
-            model_dir, dtype=torch.float32, attn_implementation=cfg.model.attn_implementation,
+            model_dir, dtype=torch.bfloat16 if self.bf16 else torch.float32,
+            attn_implementation=cfg.model.attn_implementation,
             trust_remote_code=cfg.model.trust_remote_code)
         if cfg.model.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
         self.reference = self._frozen_copy(model) if cfg.actor.kl_coef > 0 else None
         self.schedule = schedule
-        optimizer = self._client_optimizer(model)
         self.engine, *_ = deepspeed.initialize(
-            model=model, optimizer=optimizer, config=self._deepspeed_config(),
-            model_parameters=None if optimizer else [p for p in model.parameters() if p.requires_grad],
+            model=model, optimizer=self._client_optimizer(), config=self._deepspeed_config(),
+            model_parameters=[p for p in model.parameters() if p.requires_grad],
             lr_scheduler=lambda opt: _scheduler(schedule, opt),
         )
         self.pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+        self.updates = 0  # update() calls so far: the actor.entropy_every cadence
 
     # ------------------------------------------------------------------ set-up
 
@@ -114,24 +118,24 @@ class Actor:
 
     def _uses_deepspeed_optimizer(self) -> bool:
         choice = self.cfg.actor.optimizer
-        # DeepSpeedCPUAdam / FusedAdam compile on first use (about a minute on CPU): torch's
-        # AdamW is the CPU default. ZeRO-Offload needs DeepSpeed's CPU Adam.
-        return choice == "deepspeed" or (choice == "auto" and (self.on_gpu or self.cfg.actor.offload))
+        # DeepSpeed's FusedAdam (GPU) and DeepSpeedCPUAdam build a C++/CUDA op at run time: the
+        # first needs nvcc of torch's CUDA major version, both take about a minute. torch's AdamW
+        # (fused kernel on GPU) needs nothing; only ZeRO-Offload wants DeepSpeed's CPU Adam.
+        return choice == "deepspeed" or (choice == "auto" and self.cfg.actor.offload)
 
-    def _client_optimizer(self, model) -> Optional[torch.optim.Optimizer]:
+    def _client_optimizer(self) -> Optional[Callable[[list], torch.optim.Optimizer]]:
+        """torch's AdamW, built by DeepSpeed from the parameters once they are on the device
+        (``fused=True`` there on CUDA), or None for DeepSpeed's own optimizer."""
         if self._uses_deepspeed_optimizer():
             return None
-        a = self.cfg.actor
-        return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
-                                 lr=self.schedule.lr,
-                                 betas=tuple(a.betas), weight_decay=a.weight_decay)
+        a, fused = self.cfg.actor, self.on_gpu
+        return lambda params: torch.optim.AdamW(params, lr=self.schedule.lr, betas=tuple(a.betas),
+                                                weight_decay=a.weight_decay, fused=fused)
 
     def _frozen_copy(self, model):
         import copy
 
-        reference = copy.deepcopy(model).to(self.world.device)
-        if self.bf16:
-            reference = reference.to(torch.bfloat16)
+        reference = copy.deepcopy(model).to(self.world.device)  # already in the training dtype
         reference.requires_grad_(False)
         return reference.eval()
 
@@ -160,6 +164,9 @@ class Actor:
         before the first update when there is more than one (else the policy's own, detached)."""
         a = self.cfg.actor
         stats = UpdateStats.zeros(self.world.device)
+        stats.entropy_measured = a.entropy_coef != 0 or (
+            a.entropy_every > 0 and self.updates % a.entropy_every == 0)
+        self.updates += 1
         self.engine.train()
         if a.ppo_epochs * len(mini_batches) > 1:
             for micro in (m for mb in mini_batches for m in mb):
@@ -172,22 +179,22 @@ class Actor:
         return stats
 
     def _backward(self, micro: SequenceBatch, norm: Normaliser, stats: UpdateStats) -> torch.Tensor:
-        """Accumulate one micro-batch's gradient; returns whether its loss was finite (0-dim)."""
+        """Accumulate one micro-batch's gradient; returns whether its loss was finite (0-dim).
+        Log-probs and entropy never build a float32 copy of the logits (:mod:`lze_trainer.loss`);
+        the entropy is computed only when measured (``stats.entropy_measured``) and takes part in
+        the gradient only when ``actor.entropy_coef != 0``."""
         a = self.cfg.actor
         batch = micro.to(self.world.device)
-        logits = self._logits(self.engine, batch)
-        temperature = self.cfg.rollout.temperature
-        logp = token_log_probs(logits, batch.input_ids, temperature)
+        logp, entropy = token_log_probs_and_entropy(
+            self._logits(self.engine, batch), batch.input_ids, self.cfg.rollout.temperature,
+            entropy=stats.entropy_measured)
         mask = batch.loss_mask
         old = batch.old_logprobs if batch.old_logprobs is not None else logp.detach()
         pg, clipped = clipped_surrogate(logp, old, batch.advantages, a.clip_ratio_low,
                                         a.clip_ratio_high)
         pg = pg * behaviour_weights(old, batch.engine_logprobs, batch.off_policy)
         loss = aggregate(pg, mask, a.loss_agg_mode, norm)
-        need_entropy = a.entropy_coef > 0
-        with nullcontext() if need_entropy else torch.no_grad():
-            entropy = token_entropy(logits, temperature)
-        if need_entropy:
+        if a.entropy_coef != 0:
             loss = loss - a.entropy_coef * aggregate(entropy, mask, a.loss_agg_mode, norm)
         if self.reference is not None:
             kl = kl_penalty(logp, self._reference_log_probs(batch), a.kl_estimator)
@@ -202,7 +209,8 @@ class Actor:
         mask = batch.loss_mask
         kept = mask > 0
         stats.add("pg_loss", (pg * mask).sum())
-        stats.add("entropy", (entropy * mask).sum())
+        if entropy is not None:
+            stats.add("entropy", (entropy * mask).sum())
         stats.add("clipped_tokens", (clipped & kept).sum())
         stats.add("tokens", mask.sum())
         if batch.old_logprobs is None:  # the policy before any update: the engine's

@@ -117,10 +117,11 @@ class ActorConfig:
     weight_decay: float = 0.0  # AdamW weight decay
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW betas
     grad_clip: float = 1.0  # global gradient-norm clip (0 = off)
-    optimizer: Literal["auto", "torch", "deepspeed"] = "auto"  # auto: torch AdamW on CPU (no compile), DeepSpeed's fused Adam on GPU
+    optimizer: Literal["auto", "torch", "deepspeed"] = "auto"  # auto: torch AdamW (fused on GPU; no run-time op build), DeepSpeed's CPU Adam with offload; deepspeed: DeepSpeed's Adam (FusedAdam on GPU compiles a CUDA op at start)
     zero_stage: int = 2  # DeepSpeed ZeRO stage 0-3
     offload: bool = False  # ZeRO offload of optimizer states (and parameters at stage 3) to the CPU
     micro_batch_size: int = 8  # sequences per forward/backward
+    max_tokens_per_micro_batch: Optional[int] = None  # cap on a micro-batch's padded tokens (rows x longest); sequences are packed longest first. None: only micro_batch_size caps. At least data.max_prompt_tokens + rollout.max_new_tokens
     ppo_epochs: int = 1  # passes over each step's kept groups
     mini_batches: int = 1  # optimizer steps per pass (kept groups split in this many parts)
     clip_ratio_low: float = 0.2  # PPO clip: ratio >= 1 - clip_ratio_low
@@ -130,6 +131,7 @@ class ActorConfig:
     kl_coef: float = 0.0  # KL penalty to the frozen initial model (0 = off, as in DAPO)
     kl_estimator: Literal["k1", "k3"] = "k3"  # KL estimator (Schulman's k1 / k3)
     entropy_coef: float = 0.0  # entropy bonus
+    entropy_every: int = 1  # measure the policy entropy (actor/entropy) on every this-many-th update; 0 = only when entropy_coef != 0 (then always)
 
 
 @dataclass
@@ -210,7 +212,12 @@ def validate(c: Config) -> None:
               "trainer.log_every", "rollout.eval_samples", "selection.prune_after")
     _non_negative(c, "trainer.eval_every", "trainer.save_every", "selection.warmup_steps",
                   "actor.lr_warmup_steps", "actor.grad_clip", "actor.kl_coef", "actor.weight_decay",
-                  "sft_warmup.steps", "trainer.threads_per_rank", "actor.lr")
+                  "sft_warmup.steps", "trainer.threads_per_rank", "actor.lr", "actor.entropy_every")
+    longest = c.data.max_prompt_tokens + c.rollout.max_new_tokens
+    _require(c.actor.max_tokens_per_micro_batch is None or c.actor.max_tokens_per_micro_batch >= longest,
+             "actor.max_tokens_per_micro_batch",
+             f"null or an int >= data.max_prompt_tokens + rollout.max_new_tokens = {longest}",
+             c.actor.max_tokens_per_micro_batch)
     _require(0 <= c.actor.zero_stage <= 3, "actor.zero_stage", "0, 1, 2 or 3", c.actor.zero_stage)
     _require(0 < c.selection.keep_ratio <= 1, "selection.keep_ratio", "a float in (0, 1]",
              c.selection.keep_ratio)

@@ -11,7 +11,7 @@ mini-batch's loss is divided by its kept tokens (or sequences) counted over all 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
@@ -77,9 +77,10 @@ def dispatch_kept_groups(local_groups: list[RolloutGroup], advantages: torch.Ten
 
 
 def update_batches(groups: list[RolloutGroup], mini_batches: int, micro_batch_size: int,
-                   max_response_length: int, pad_id: int
+                   max_response_length: int, pad_id: int, max_tokens: Optional[int] = None
                    ) -> tuple[list[list[SequenceBatch]], list[Normaliser]]:
-    """Split this rank's groups into ``mini_batches`` optimizer steps of micro-batches, each with
+    """Split this rank's groups into ``mini_batches`` optimizer steps of micro-batches (packed by
+    length, at most ``max_tokens`` padded tokens each: :func:`lze_trainer.batch.pack`), each with
     the normaliser of its tokens and sequences over all ranks (collective: every rank calls)."""
     parts = [p for p in np.array_split(np.arange(len(groups)), mini_batches) if len(p)]
     batches, norms = [], []
@@ -89,7 +90,7 @@ def update_batches(groups: list[RolloutGroup], mini_batches: int, micro_batch_si
         tokens, sequences = D.all_reduce_many(
             [sum(len(c.token_ids) for g in weighted for c in g.responses),
              sum(len(g.responses) for g in weighted)])
-        count = int(D.all_reduce(num_micro_batches(members, micro_batch_size), "max"))
+        count = int(D.all_reduce(num_micro_batches(members, micro_batch_size, max_tokens), "max"))
         norms.append(Normaliser(tokens, sequences, max_response_length))
-        batches.append(micro_batches(members, micro_batch_size, count, pad_id))
+        batches.append(micro_batches(members, micro_batch_size, count, pad_id, max_tokens))
     return batches, norms

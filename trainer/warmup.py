@@ -52,10 +52,11 @@ def warm_up(cfg, world: D.World, model_dir: str, load_examples: Callable[[], Pro
     for step in range(1, s.steps + 1):
         rows = sampler.next(s.batch_size)[world.rank * per_rank:(world.rank + 1) * per_rank]
         groups = [_example(examples, i, tokenizer, s.answer_template, eos) for i in rows]
-        count = int(D.all_reduce(num_micro_batches(groups, cfg.actor.micro_batch_size), "max"))
+        cap = cfg.actor.max_tokens_per_micro_batch
+        count = int(D.all_reduce(num_micro_batches(groups, cfg.actor.micro_batch_size, cap), "max"))
         tokens = D.all_reduce(sum(len(g.responses[0].token_ids) for g in groups))
         loss_sum, skipped = actor.sft_update(
-            micro_batches(groups, cfg.actor.micro_batch_size, count, actor.pad_id),
+            micro_batches(groups, cfg.actor.micro_batch_size, count, actor.pad_id, cap),
             Normaliser(tokens=tokens, sequences=s.batch_size, max_response_length=1))
         loss = D.all_reduce(loss_sum) / max(tokens, 1.0)
         log(step, {"sft/loss": loss, "sft/lr": actor.lr, "sft/skipped_updates": skipped})

