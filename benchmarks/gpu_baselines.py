@@ -1,0 +1,112 @@
+"""The vectorised PyTorch baseline: one LZE selection step as a verl user writes it on the device.
+
+Grouping and advantages follow verl's ``compute_grpo_vectorized_outcome_advantage`` and its
+``group_mean_std`` (verl/utils/groupwise.py): the per-sequence scores are scatter-added into
+per-group count, sum and sum of squares with ``index_add_``; the number of groups is read from the
+largest group index (``int(max(...).item())``, a host sync) and singleton groups are patched under
+``if torch.any(single)`` (another sync). The std is ``sqrt(max(var, eps))`` with the unbiased
+variance, as in verl. The LZE part (SPEC 3-5) is the same formulas on per-prompt state tensors
+gathered and scattered by prompt id, the top-k is ``torch.topk``, and the kept rows are read the
+way verl filters a batch, with ``nonzero`` (a sync). It is what today's fastest host-free-ish
+PyTorch code looks like: no Python loop over sequences, but syncs and many small launches.
+
+For inputs with every rollout valid, distinct ids and groups of at least two rollouts it computes
+what :meth:`lze_kernels.LZESelector.step` computes (tests/test_gpu_check.py checks that); the top-k
+may break exact ties of the score differently (``torch.topk`` is not stable).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from lze_kernels import LZEConfig
+from lze_kernels.layout import SOLVED_THRESHOLD
+from lze_kernels.reference import gumbel_noise
+
+
+@dataclass
+class VectorisedStepOutput:
+    advantages: torch.Tensor  # [B, G]
+    pass_rate: torch.Tensor  # [B]
+    energy: torch.Tensor  # [B]
+    momentum: torch.Tensor  # [B]
+    kept_indices: torch.Tensor  # [num_kept] batch positions, best first
+    num_kept: int
+
+
+def group_mean_std(scores: torch.Tensor, gidx: torch.Tensor, eps: float):
+    """Per-group mean, std and count by scatter-add (verl's ``group_mean_std``): groups 0..max(gidx),
+    std ``sqrt(max(unbiased var, eps))``, singleton groups mean 0 and std 1."""
+    num_groups = int(torch.max(gidx).item()) + 1  # host sync, as in verl
+    ones = torch.ones_like(scores)
+    count = scores.new_zeros(num_groups).index_add_(0, gidx, ones)
+    s1 = scores.new_zeros(num_groups).index_add_(0, gidx, scores)
+    s2 = scores.new_zeros(num_groups).index_add_(0, gidx, scores * scores)
+    mean = s1 / count.clamp_min(1.0)
+    var = (s2 - s1 * s1 / count.clamp_min(1.0)) / (count - 1.0).clamp_min(1.0)
+    std = torch.sqrt(torch.clamp(var, min=eps))
+    single = count <= 1.0
+    if torch.any(single):  # host sync, as in verl
+        mean = torch.where(single, 0.0, mean)
+        std = torch.where(single, 1.0, std)
+    return mean, std, count
+
+
+class VectorisedSelector:
+    """LZE selection with per-prompt state in device tensors, one step per :meth:`step` call."""
+
+    def __init__(self, num_prompts: int, config: LZEConfig | None = None, device="cpu"):
+        self.config = config or LZEConfig()
+        zeros = torch.zeros(num_prompts, device=device)
+        self.d_init, self.ema = zeros.clone(), zeros.clone()
+        self.seen = torch.zeros(num_prompts, dtype=torch.int64, device=device)
+        self.streak, self.pruned = self.seen.clone(), torch.zeros_like(self.seen, dtype=torch.bool)
+        self.steps_done = 0
+
+    def step(self, rewards: torch.Tensor, prompt_ids: torch.Tensor) -> VectorisedStepOutput:
+        cfg = self.config
+        batch, group = rewards.shape
+        scores = rewards.reshape(-1).float()
+        gidx = prompt_ids.repeat_interleave(group)  # verl: one uid per sequence
+        mean_g, std_g, _ = group_mean_std(scores, gidx, cfg.eps)
+        centred = scores - mean_g[gidx]
+        scalars = centred / (std_g[gidx] + cfg.eps) if cfg.norm_by_std else centred
+        self.steps_done += 1
+        p = mean_g[prompt_ids]
+        energy, momentum = self._update_state(prompt_ids, p)
+        kept = self._top_k(energy)
+        return VectorisedStepOutput(scalars.view(batch, group), p, energy, momentum, kept,
+                                    kept.numel())
+
+    def _update_state(self, ids: torch.Tensor, p: torch.Tensor):
+        """SPEC 3 and 5 on the gathered state rows; returns (energy, momentum)."""
+        cfg = self.config
+        first = self.seen[ids] == 0
+        ema_before = self.ema[ids]
+        d_init = torch.where(first, torch.clamp_min(1.0 - p, cfg.d_min), self.d_init[ids])
+        momentum = torch.where(first, 0.0, torch.clamp_max(2.0 * torch.abs(p - ema_before), 1.0))
+        energy = d_init * (4.0 * p * (1.0 - p)) * (1.0 + cfg.alpha * momentum)
+        self.d_init[ids] = d_init
+        self.ema[ids] = torch.where(first, p, cfg.beta * ema_before + (1.0 - cfg.beta) * p)
+        self.seen[ids] += 1
+        streak = torch.where(p >= SOLVED_THRESHOLD, self.streak[ids] + 1, 0)
+        self.streak[ids] = streak
+        self.pruned[ids] = streak >= cfg.prune_after
+        return energy, momentum
+
+    def _top_k(self, energy: torch.Tensor) -> torch.Tensor:
+        """Batch positions of the k best candidates (E > 0) by noisy score, best first."""
+        cfg = self.config
+        candidate = energy > 0
+        score = energy
+        if cfg.noise_scale > 0:
+            high = torch.where(candidate, energy, float("-inf")).amax()
+            low = torch.where(candidate, energy, float("inf")).amin()
+            scale = cfg.noise_scale * torch.clamp_min(high - low, 0.01)
+            step = torch.tensor(self.steps_done, device=energy.device)
+            score = energy + scale * gumbel_noise(cfg.seed, step, energy.shape[0], energy.device)
+        score = torch.where(candidate, score, float("-inf"))
+        top = torch.topk(score, cfg.num_keep(energy.shape[0]))
+        return top.indices[torch.nonzero(top.values > float("-inf")).squeeze(-1)]  # host sync

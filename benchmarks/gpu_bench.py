@@ -1,0 +1,151 @@
+"""The GPU check's kernel benchmark: every step variant at every B in one run, as ratios, with the
+kernel launches and host syncs of one step counted by ``torch.profiler``.
+
+Variants (one ``LZESelector.step(rewards, prompt_ids)`` each, persistent state of N = 4 B prompts,
+fresh binary rewards and ids per round from bench_common.RoundInputs):
+
+* ``fused_cuda``, ``fused_triton`` (``fused_cpu`` on a CPU): the fused backends;
+* ``torch_eager``: the PyTorch reference (``backend="torch"``);
+* ``torch_compile``: the same under ``torch.compile(fullgraph=True, dynamic=False)``;
+* ``verl_vectorised``: gpu_baselines.VectorisedSelector, verl's scatter-add grouping.
+
+Time per step is the median over rounds (CUDA events on a GPU, ``perf_counter`` on a CPU), each
+round on fresh inputs made outside the timed region. Launches are the device-side kernels, copies
+and memsets of one step; host syncs are the CUDA runtime calls that block the host inside the step
+(``cudaStreamSynchronize`` and friends: every ``.item()``, ``nonzero`` and device-to-host copy
+makes one). On a CPU there are no device events: syncs are then counted as the ops that would block
+the host on a device (``aten::_local_scalar_dense`` from ``.item()``, ``aten::nonzero``), which is
+what the CPU tests check.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+import torch
+from bench_common import RoundInputs
+from gpu_baselines import VectorisedSelector
+
+from lze_kernels import LZESelector, available_backends
+
+BATCHES = (256, 1024, 4096, 16384, 65536)
+GROUP = 16
+STEP_RANGE = "gpu_check.step"
+# CUDA runtime/driver calls that block the host until the device has caught up.
+CUDA_SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
+                   "cudaMemcpy", "cuStreamSynchronize", "cuCtxSynchronize", "cuMemcpyDtoH_v2")
+# Ops that block the host when their input is on a device (the CPU stand-in for the above).
+HOST_READ_OPS = ("aten::_local_scalar_dense", "aten::nonzero")
+FUSED_BACKENDS = {"cuda": ("cuda", "triton"), "cpu": ("cpu",)}
+VARIANTS = ("fused_cuda", "fused_triton", "fused_cpu", "torch_eager", "torch_compile",
+            "verl_vectorised")
+
+
+def variants_for(device: torch.device, include_compile: bool = True) -> list[str]:
+    """The variants that run on ``device``: its fused backends, then the PyTorch baselines."""
+    native = FUSED_BACKENDS[device.type]  # not the emulators or interpreters of other devices
+    fused = [f"fused_{name}" for name in native if name in available_backends(device)]
+    return fused + ["torch_eager"] + (["torch_compile"] if include_compile else []) + [
+        "verl_vectorised"]
+
+
+def build_step(variant: str, num_prompts: int, device: torch.device) -> Callable:
+    """A callable ``(rewards, prompt_ids) -> outputs`` for ``variant`` with fresh state."""
+    if variant.startswith("fused_") or variant == "torch_eager":
+        backend = "torch" if variant == "torch_eager" else variant[len("fused_"):]
+        return _unchecked(LZESelector(num_prompts, device=device, backend=backend).step)
+    if variant == "torch_compile":
+        torch._dynamo.reset()  # one graph per shape; no recompile limit across the B grid
+        selector = LZESelector(num_prompts, device=device, backend="torch")
+        return _unchecked(torch.compile(selector.step, fullgraph=True, dynamic=False))
+    if variant == "verl_vectorised":
+        return VectorisedSelector(num_prompts, device=device).step
+    raise ValueError(f"variant: expected one of {VARIANTS}, got {variant!r}")
+
+
+def _unchecked(step: Callable) -> Callable:
+    def unchecked_step(rewards, prompt_ids):
+        return step(rewards, prompt_ids, check_inputs=False)
+
+    return unchecked_step
+
+
+def time_step(step: Callable, inputs: RoundInputs, rounds: int, device: torch.device) -> float:
+    """Median seconds of one step over ``rounds`` fresh inputs (after one warm-up call)."""
+    step(*inputs()[0])
+    times = []
+    for _ in range(rounds):
+        args, _ = inputs()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+            start.record()
+            step(*args)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        else:
+            begin = time.perf_counter()
+            step(*args)
+            times.append(time.perf_counter() - begin)
+    return statistics.median(times)
+
+
+def profile_step(step: Callable, inputs: RoundInputs, device: torch.device) -> dict:
+    """Kernel launches and host syncs of one (warm) step, from torch.profiler."""
+    args, _ = inputs()
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+        torch.cuda.synchronize(device)
+    with torch.profiler.profile(activities=activities) as prof:
+        with torch.profiler.record_function(STEP_RANGE):
+            step(*args)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # outside the step's range: not counted as a sync
+    return count_step_events(prof.events(), device.type == "cuda")
+
+
+def count_step_events(events, on_cuda: bool) -> dict:
+    """``{"launches", "syncs"}`` of the events inside the :data:`STEP_RANGE` range: device-side
+    kernels/copies/memsets, and host-blocking runtime calls (CUDA) or host-read ops (CPU)."""
+    window = [e for e in events if e.name == STEP_RANGE and e.device_type
+              == torch.autograd.DeviceType.CPU]
+    if len(window) != 1:
+        raise RuntimeError(f"expected one {STEP_RANGE!r} range in the profile, got {len(window)}")
+    start, end = window[0].time_range.start, window[0].time_range.end
+    host = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU
+            and start <= e.time_range.start <= end]
+    names = CUDA_SYNC_CALLS if on_cuda else HOST_READ_OPS
+    launches = sum(1 for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
+    return {"launches": launches, "syncs": sum(1 for e in host if e.name in names)}
+
+
+def run(device: torch.device, batches=BATCHES, group: int = GROUP, rounds: int = 30,
+        variants: list[str] | None = None, log=print) -> list[dict]:
+    """Every variant at every B: one row per (B, variant) with seconds, launches, syncs and the
+    ratio of its time to the fastest fused variant's at that B."""
+    variants = variants or variants_for(device)
+    rows = []
+    for batch in batches:
+        case = []
+        for variant in variants:
+            inputs = RoundInputs(batch, group, device)
+            step = build_step(variant, inputs.num_prompts, device)
+            seconds = time_step(step, inputs, rounds, device)
+            case.append({"B": batch, "G": group, "variant": variant, "seconds": seconds,
+                         **profile_step(step, inputs, device)})
+            log(f"  B={batch:>6} {variant:<16} {seconds * 1e6:10.1f} us "
+                f"launches={case[-1]['launches']} syncs={case[-1]['syncs']}")
+        rows += with_ratios(case)
+    return rows
+
+
+def with_ratios(case: list[dict]) -> list[dict]:
+    """Each row's time over the fastest fused variant's in the same case (1.0 for that one);
+    over the fastest row when no fused variant ran."""
+    fused = [r["seconds"] for r in case if r["variant"].startswith("fused_")]
+    best = min(fused or [r["seconds"] for r in case])
+    return [{**r, "ratio_to_fused": r["seconds"] / best} for r in case]
