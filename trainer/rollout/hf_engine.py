@@ -61,7 +61,8 @@ class HFEngine:
         recorder = SampledLogProbs()
         out = self.model.generate(
             input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device),
-            do_sample=sampled, temperature=1.0, top_p=1.0, top_k=0,
+            do_sample=sampled, temperature=1.0 if sampled else None,
+            top_p=1.0 if sampled else None, top_k=0 if sampled else None,
             logits_processor=_warpers(spec) + [recorder],
             max_new_tokens=spec.max_new_tokens, return_dict_in_generate=True,
             pad_token_id=self.pad_id, eos_token_id=sorted(self.eos_ids),
