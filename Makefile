@@ -21,7 +21,7 @@ SOURCES := pyproject.toml setup.py CMakeLists.txt $(shell find csrc -type f 2>/d
 NPROC ?= 2
 ARGS ?=
 
-.PHONY: setup lock build demo test study bench test-gpu-emulated test-gpu clean
+.PHONY: setup lock build demo test study bench test-gpu-emulated test-gpu gpu-wheels clean
 
 setup: $(VENV)/.deps-$(PIN_SET) build
 
@@ -73,9 +73,16 @@ test-gpu-emulated: setup
 	bash tools/emu_gcov.sh
 	bash tools/triton_coverage.sh
 
-# On a machine with a CUDA GPU: the whole backend suite on the device.
-test-gpu: setup
-	$(PY) -m pytest -q tests/test_gpu.py
+# On a lent GPU machine with no network (torch, triton, transformers, pytest there; README "On a
+# lent GPU"): installs wheels/ into gpu_check/site, builds the package with nvcc, then the kernel
+# suite on the device, the kernel benchmark and 3 trainer steps; gpu_check/gpu_check.{json,md}.
+# Uses the machine's python3 (PYTHON=...), not a venv: no `setup`.
+test-gpu:
+	PYTHON=$(PYTHON) bash tools/gpu_check.sh
+
+# Here, with PyPI: the wheels test-gpu needs, for CPython 3.12 manylinux x86_64 (<= 64 MiB).
+gpu-wheels: setup
+	bash tools/gpu_wheels.sh wheels
 
 clean:
 	rm -rf build $(VENV) lze_kernels/*.so
