@@ -1,11 +1,25 @@
 """Cost of LZE selection inside the trainers' loops (integrations), written to
 results/integrations.json and printed; report.py (the kernel benchmark report) does not read it.
 
-* verl: ``LZEAdvantage`` (one vectorised uid grouping, fused kernels) against verl's host loop on
-  the same tensors: its ``compute_grpo_outcome_advantage`` (dict of uid lists, per-group torch
-  mean/std, per-response writes; baselines.py) plus LZE's selection the way the public release
-  runs it (``.item()`` per prompt, Python state and sort; baselines.PythonLoopSelector). Fresh
-  uuid uids every round, as verl's ``fit`` makes them.
+* verl: what a verl user chooses between, on the same inputs (token-level rewards ``[bs, T]``, an
+  int64 response mask, fresh uuid4 uid strings every round as verl's ``fit`` makes them, in a
+  numpy object array, uids grouped or shuffled as ``balance_batch`` leaves them):
+
+  - ``verl loop``: verl's ``compute_grpo_outcome_advantage`` (``adv_estimator=grpo``; dict of uid
+    lists, per-group torch mean/std, per-response writes; baselines.py);
+  - ``verl vectorised``: verl's ``compute_grpo_vectorized_outcome_advantage``
+    (``adv_estimator=grpo_vectorized``), :func:`verl_grpo_vectorized` below;
+  - ``LZEAdvantage`` with ``policy="lze"`` and ``"dapo"``, and its kernels alone (the fused
+    selector step, resp. the DAPO keep mask and GRPO advantages, on the ``[B, G]`` rewards);
+  - ``floor``: the two ``[bs, T]`` passes any estimator with verl's contract makes,
+    ``token_level_rewards.sum(-1)`` and the masked broadcast ``A.unsqueeze(-1) * mask``.
+
+  Each is timed on its own for ``ROUNDS`` calls with fresh uids (median; the loop fewer at
+  large sizes), on the same tensors; the results table
+  goes to results/verl_estimators.md. Goal: the adapter faster than ``grpo_vectorized`` and
+  within 1.5x the floor + 0.5 ms. The adapter's outputs are checked against both verl
+  estimators on one batch of each case, and its selection against LZE's host loop
+  (baselines.PythonLoopSelector, the public release's way).
 * TRL: seconds per training step of ``GRPOTrainer`` and of ``LZEGRPOTrainer`` (policy "lze",
   keep_ratio 0.4) on a tiny Qwen2, and the time of the selection hook alone.
 
@@ -21,6 +35,7 @@ import os
 import statistics
 import time
 import uuid
+from collections import defaultdict
 
 import numpy as np
 import pytest
@@ -28,12 +43,18 @@ import torch
 from baselines import PythonLoopSelector, _group_mean_std, _write_advantages
 from bench_common import merge_result
 
-from lze_kernels import LZEConfig
+from lze_kernels import LZEConfig, LZESelector, ops
 
 RESULTS = os.path.join(os.path.dirname(__file__), "results", "integrations.json")
-VERL_CASES = ((128, 8), (512, 8), (1024, 16))  # (prompts, responses per prompt)
-RESPONSE_LENGTH = 256
-ROUNDS = 7
+VERL_TABLE = os.path.join(os.path.dirname(__file__), "results", "verl_estimators.md")
+VERL_CASES = ((128, 8), (512, 8), (1024, 16), (4096, 16))  # (prompts, responses per prompt)
+RESPONSE_LENGTHS = (256, 2048)
+ORDERS = ("grouped", "shuffled")
+ROUNDS = 15
+LOOP_ROUNDS = 3  # verl's loop where bs >= LOOP_FEW_ROUNDS_FROM (seconds per call)
+LOOP_FEW_ROUNDS_FROM = 16384
+ESTIMATORS = ("floor", "verl_vectorized", "lze", "dapo", "lze_kernels", "dapo_kernels",
+              "verl_loop")  # timing order: the loop last
 
 
 def _record(key: str, value: dict) -> None:
@@ -42,81 +63,192 @@ def _record(key: str, value: dict) -> None:
     print(key, json.dumps(value))
 
 
-def _median_seconds(fn, make_args, rounds=ROUNDS) -> float:
-    times = []
-    for _ in range(rounds):
-        args = make_args()
-        start = time.perf_counter()
-        fn(*args)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def _seconds(fn, *args) -> float:
+    start = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - start
 
 
 # ----------------------------------------------------------------------------- verl
 
 
 class VerlBatches:
-    """verl-shaped inputs: token-level outcome rewards, response mask, fresh uids, dataset rows."""
+    """verl-shaped inputs: token-level outcome rewards and response mask (made once: only the
+    host glue depends on the round), then per round fresh uuid4 uids and the dataset row of each
+    response, grouped or shuffled (verl's balance_batch reorders responses)."""
 
-    def __init__(self, num_prompts: int, group: int, seed: int = 0):
-        self.num_prompts, self.group = num_prompts, group
-        self.generator = torch.Generator().manual_seed(seed)
+    def __init__(self, num_prompts: int, group: int, length: int, order: str, seed: int = 0):
+        self.num_prompts, self.group, self.order = num_prompts, group, order
+        g, bs = torch.Generator().manual_seed(seed), num_prompts * group
         self.rng = np.random.default_rng(seed)
+        p = torch.rand(num_prompts, 1, generator=g)
+        scores = (torch.rand(num_prompts, group, generator=g) < p).float().reshape(-1)
+        lengths = torch.randint(1, length + 1, (bs,), generator=g)
+        self.mask = (torch.arange(length)[None, :] < lengths[:, None]).to(torch.int64)
+        self.token_rewards = torch.zeros(bs, length)
+        self.token_rewards[torch.arange(bs), lengths - 1] = scores
 
     def __call__(self):
-        g, bs = self.generator, self.num_prompts * self.group
+        """(token_rewards, mask, index, dataset rows); the rewards of response i belong to the
+        i-th uid of ``index`` whatever the order."""
         uids = np.array([str(uuid.uuid4()) for _ in range(self.num_prompts)], dtype=object)
         rows = self.rng.permutation(4 * self.num_prompts)[: self.num_prompts]
-        order = self.rng.permutation(bs)  # verl's balance_batch reorders responses
-        p = torch.rand(self.num_prompts, 1, generator=g)
-        scores = (torch.rand(self.num_prompts, self.group, generator=g) < p).float().reshape(-1)
-        lengths = torch.randint(1, RESPONSE_LENGTH + 1, (bs,), generator=g)
-        mask = (torch.arange(RESPONSE_LENGTH)[None, :] < lengths[:, None]).to(torch.int64)
-        token_rewards = torch.zeros(bs, RESPONSE_LENGTH)
-        token_rewards[torch.arange(bs), lengths - 1] = scores
-        index = np.repeat(uids, self.group)[order]
-        return (token_rewards[order], mask[order], index,
-                np.repeat(rows, self.group)[order].astype(object))
+        index, rows = np.repeat(uids, self.group), np.repeat(rows, self.group).astype(object)
+        if self.order == "shuffled":
+            order = self.rng.permutation(index.shape[0])
+            index, rows = index[order], rows[order]
+        return self.token_rewards, self.mask, index, rows
 
 
-def verl_host_loop(selector: PythonLoopSelector, token_rewards, mask, index, rows):
-    """verl's GRPO advantage loop, then LZE's selection over the uid groups in Python."""
+def verl_grpo_loop(token_rewards, mask, index):
+    """verl's ``compute_grpo_outcome_advantage`` (the ``grpo`` estimator), for groups of >= 2."""
     scores = token_rewards.sum(dim=-1)
     id2mean, id2std = _group_mean_std(scores, index)
+    _write_advantages(scores, index, id2mean, id2std, LZEConfig())
+    return scores.unsqueeze(-1) * mask
+
+
+def verl_grpo_vectorized(token_rewards, mask, index, epsilon=1e-6):
+    """verl's ``grpo_vectorized`` estimator, as read in volcengine/verl
+    (``compute_grpo_vectorized_outcome_advantage`` in ``verl/trainer/ppo/core_algos.py``, its
+    helpers ``as_torch_index`` and ``group_mean_std`` in ``verl/utils/groupwise.py``): labels
+    that numpy can cast to int64 are the groups, others (uuid strings) are numbered by
+    ``numpy.unique(..., return_inverse=True)``; per group count, sum and sum of squares by three
+    ``index_add_``, mean ``s1 / n``, variance ``(s2 - s1^2 / n) / max(n - 1, 1)``, std
+    ``sqrt(max(var, eps))``, a group of one gets mean 0 and std 1 (after a host check); then
+    ``(s - mean[g]) / (std[g] + eps)`` broadcast as ``A.unsqueeze(-1) * mask``."""
+    scores = token_rewards.sum(dim=-1)
+    labels = np.asarray(index)
+    try:
+        group = torch.from_numpy(labels.astype(np.int64))
+    except ValueError:
+        group = torch.from_numpy(np.unique(labels, return_inverse=True)[1].astype(np.int64))
+    num_groups = int(group.max()) + 1
+    count, total, squares = (torch.zeros(num_groups).index_add_(0, group, values)
+                             for values in (torch.ones_like(scores), scores, scores * scores))
+    n = count.clamp_min(1.0)
+    mean = total / n
+    std = ((squares - total * total / n) / (count - 1.0).clamp_min(1.0)).clamp_min(epsilon).sqrt()
+    single = count <= 1.0
+    if bool(single.any()):
+        mean, std = mean.masked_fill(single, 0.0), std.masked_fill(single, 1.0)
+    advantages = (scores - mean[group]) / (std[group] + epsilon)
+    return advantages.unsqueeze(-1) * mask
+
+
+def floor(token_rewards, mask, *_):
+    """The two [bs, T] passes: response scores, then a per-response value broadcast by mask."""
+    return token_rewards.sum(dim=-1).unsqueeze(-1) * mask
+
+
+def verl_lze_host_loop(selector: PythonLoopSelector, token_rewards, index, rows):
+    """LZE's selection over verl's uid groups the way the public release runs it (``.item()``
+    per prompt, Python state and sort); groups in order of first appearance, as the adapter
+    numbers them, so both draw the same noise per group."""
+    scores = token_rewards.sum(dim=-1)
+    id2mean, _ = _group_mean_std(scores, index)
     row_of_uid = dict(zip(index, rows))
-    uids = sorted(id2mean)  # the adapter's group order, so both draw the same noise per group
+    uids = list(id2mean)
     energy = [selector._update_prompt(selector.state[row_of_uid[uid]], id2mean[uid].item())[0]
               for uid in uids]
     selector.steps_done += 1
     kept = {uids[i] for i in selector._top_k(energy)}
-    keep_mask = torch.tensor([uid in kept for uid in index])
-    _write_advantages(scores, index, id2mean, id2std, selector.config)
-    return scores.unsqueeze(-1) * mask, keep_mask
+    return torch.tensor([uid in kept for uid in index])
 
 
+def _check_like_for_like(batches: VerlBatches, adapters: dict) -> None:
+    """One batch: the adapter's advantages against both verl estimators (the loop exactly up to
+    float32 rounding, the vectorised one up to its sum-of-squares variance), its LZE selection
+    against the release's host loop, its DAPO selection against unequal scores."""
+    token_rewards, mask, index, rows = batches()
+    loop_selector = PythonLoopSelector(adapters["lze"].selector.config)
+    expected = verl_grpo_loop(token_rewards, mask, index)
+    for policy, adapter in adapters.items():
+        advantages, _ = adapter(token_rewards, mask, index, prompt_index=rows)
+        torch.testing.assert_close(advantages, expected, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(advantages, verl_grpo_vectorized(token_rewards, mask, index),
+                                   rtol=1e-5, atol=1e-5)
+    assert torch.equal(adapters["lze"].last.keep_mask,
+                       verl_lze_host_loop(loop_selector, token_rewards, index, rows))
+    values = defaultdict(set)
+    for uid, score in zip(index.tolist(), token_rewards.sum(dim=-1).tolist()):
+        values[uid].add(score)
+    assert adapters["dapo"].last.keep_mask.tolist() == [len(values[uid]) > 1 for uid in index]
+
+
+def _kernel_inputs(batches: VerlBatches):
+    """The kernels' inputs: [B, G] response scores and B distinct dataset rows."""
+    scores = batches.token_rewards.sum(dim=-1).view(batches.num_prompts, batches.group)
+    return scores, torch.from_numpy(batches.rng.permutation(4 * batches.num_prompts)
+                                    [: batches.num_prompts])
+
+
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("length", RESPONSE_LENGTHS)
 @pytest.mark.parametrize("num_prompts, group", VERL_CASES)
-def test_verl_adapter_vs_host_loop(num_prompts, group):
+def test_verl_estimators(num_prompts, group, length, order):
     from lze_kernels.integrations.verl import LZEAdvantage
 
-    config = LZEConfig()
-    adapter = LZEAdvantage(4 * num_prompts, config)
-    loop = PythonLoopSelector(config)
+    bs, config = num_prompts * group, LZEConfig()
+    _check_like_for_like(VerlBatches(num_prompts, group, 32, order, seed=2),
+                         {"lze": LZEAdvantage(4 * num_prompts, config),
+                          "dapo": LZEAdvantage(policy="dapo")})
 
-    batch = VerlBatches(num_prompts, group)()  # like for like: same outputs on one batch
-    advantages, _ = adapter(*batch[:3], prompt_index=batch[3])
-    loop_advantages, loop_keep = verl_host_loop(loop, *batch)
-    torch.testing.assert_close(advantages, loop_advantages, rtol=1e-6, atol=1e-6)
-    assert torch.equal(adapter.last.keep_mask, loop_keep)
+    adapters = {"lze": LZEAdvantage(4 * num_prompts, config), "dapo": LZEAdvantage(policy="dapo")}
+    kernel_selector = LZESelector(4 * num_prompts, config)
+    batches = VerlBatches(num_prompts, group, length, order, seed=1)
+    scores, ids = _kernel_inputs(batches)
+    timed = {
+        "verl_loop": verl_grpo_loop,
+        "verl_vectorized": verl_grpo_vectorized,
+        "lze": lambda r, m, i, rows: adapters["lze"](r, m, i, prompt_index=rows),
+        "dapo": lambda r, m, i, rows: adapters["dapo"](r, m, i, prompt_index=rows),
+        "lze_kernels": lambda *_: kernel_selector.step(scores, ids),
+        "dapo_kernels": lambda *_: (ops.dapo_keep_mask(scores), ops.grpo_advantages(scores)),
+        "floor": floor,
+    }
+    medians = {}
+    for name in ESTIMATORS:  # one block each: the loop's garbage slowed the next call down 3x
+        rounds = LOOP_ROUNDS if name == "verl_loop" and bs >= LOOP_FEW_ROUNDS_FROM else ROUNDS
+        times = []
+        for _ in range(rounds + 1):  # the first call warms up
+            token_rewards, mask, index, rows = batches()
+            args = (token_rewards, mask, index) + ((rows,) if name in ("lze", "dapo") else ())
+            times.append(_seconds(timed[name], *args))
+        medians[f"{name}_s"] = statistics.median(times[1:])
+    budget = 1.5 * medians["floor_s"] + 0.5e-3
+    goal = {policy: medians[f"{policy}_s"] < min(medians["verl_vectorized_s"], budget)
+            for policy in ("lze", "dapo")}
+    _record(f"verl B{num_prompts} G{group} T{length} {order}",
+            {**medians, "budget_s": budget, "meets_goal": goal,
+             "backend": adapters["lze"].selector.backend, "rounds": ROUNDS,
+             "torch_threads": torch.get_num_threads()})
+    _write_verl_table()
 
-    def adapter_step(token_rewards, mask, index, rows):
-        return adapter(token_rewards, mask, index, prompt_index=rows)
 
-    fused = _median_seconds(adapter_step, VerlBatches(num_prompts, group, seed=1))
-    host = _median_seconds(lambda *args: verl_host_loop(loop, *args),
-                           VerlBatches(num_prompts, group, seed=1))
-    _record(f"verl B{num_prompts} G{group} T{RESPONSE_LENGTH}",
-            {"adapter_s": fused, "host_loop_s": host, "speedup": host / fused,
-             "backend": adapter.selector.backend})
+def _write_verl_table() -> None:
+    """results/verl_estimators.md from the verl cases in results/integrations.json."""
+    with open(RESULTS) as f:
+        table = {key: value for key, value in json.load(f).items() if key.startswith("verl B")}
+    lines = ["| B x G | T | uids | verl loop | verl grpo_vectorized | LZEAdvantage lze "
+             "(kernels) | LZEAdvantage dapo (kernels) | floor | goal: < vectorised and "
+             "<= 1.5 floor + 0.5 ms |", "|---|---|---|---|---|---|---|---|---|"]
+    for key, r in sorted(table.items(), key=lambda kv: _case_order(kv[0])):
+        b, g, t, order = key.split()[1:]
+        ms = {name: 1e3 * r[f"{name}_s"] for name in ESTIMATORS}
+        met = all(r["meets_goal"].values())
+        lines.append(
+            f"| {b[1:]} x {g[1:]} | {t[1:]} | {order} | {ms['verl_loop']:.3g} ms | "
+            f"{ms['verl_vectorized']:.3g} ms | {ms['lze']:.3g} ms ({ms['lze_kernels']:.2g}) | "
+            f"{ms['dapo']:.3g} ms ({ms['dapo_kernels']:.2g}) | {ms['floor']:.3g} ms | "
+            f"{'met' if met else 'MISSED'} (load {r['load_average'][0]:.1f}) |")
+    with open(VERL_TABLE, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def _case_order(key: str):
+    b, g, t, order = key.split()[1:]
+    return int(b[1:]) * int(g[1:]), int(t[1:]), order
 
 
 # ----------------------------------------------------------------------------- TRL

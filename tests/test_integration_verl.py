@@ -266,6 +266,17 @@ def test_bad_inputs_raise_naming_the_argument():
         adapter(rewards, mask[:, :-1], index, prompt_index=rows)
     with pytest.raises(ValueError, match="policy"):
         LZEAdvantage(20, policy="top")
+    for bad in (float("nan"), float("inf"), -0.5):  # one check before the unchecked kernels
+        broken = rewards.clone()
+        broken[3, 0] = bad
+        with pytest.raises(ValueError, match="rewards"):
+            adapter(broken, mask, index, prompt_index=rows)
+    with pytest.raises(ValueError, match="prompt_ids"):
+        adapter(rewards, mask, index, prompt_index=rows + 20)  # past num_prompts
+    same_row = np.where(index == index[0], rows[np.flatnonzero(index != index[0])[0]], rows)
+    with pytest.raises(ValueError, match="prompt_ids"):
+        adapter(rewards, mask, index, prompt_index=same_row)  # two groups, one dataset row
+    assert int(adapter.selector.state.istate[:, SEEN].sum()) == 0  # no step ran
 
 
 # ----------------------------------------------------------------------------- registry

@@ -14,7 +14,7 @@ from typing import Callable, Optional
 import torch
 
 from .. import layout as L
-from .. import ops
+from .. import ops, validation
 from ..selector import LZESelector, StepOutput
 
 POLICIES = ("lze", "dapo")
@@ -38,33 +38,38 @@ def check_policy(policy: str) -> None:
 
 
 def select_groups(policy: str, selector: Optional[LZESelector], rewards: torch.Tensor,
-                  prompt_ids: torch.Tensor, valid: Optional[torch.Tensor]) -> GroupSelection:
+                  prompt_ids: torch.Tensor, valid: Optional[torch.Tensor],
+                  score_fn: Optional[ScoreFn] = None) -> GroupSelection:
     """Apply ``policy`` to ``rewards`` [B, G] (``valid`` [B, G] marks the scored rollouts; None:
     all are).
 
-    ``"lze"`` runs ``selector.step`` (rewards must lie in [0, 1]: see :func:`unit_scores`);
-    ``"dapo"`` needs no selector and takes rewards of any range."""
+    ``"lze"`` maps the rewards by :func:`unit_scores`, checks them and the ids once, then runs
+    ``selector.step`` without its own value checks; ``"dapo"`` needs no selector and takes
+    rewards of any range."""
     if policy == "dapo":
         keep = ops.dapo_keep_mask(rewards, valid)
         return GroupSelection(prompt_ids, keep, keep.sum())
+    rewards = unit_scores(rewards, valid, score_fn)
+    validation.check_prompt_id_values(prompt_ids, selector.num_prompts, distinct=True)
     if valid is not None:
         rewards = torch.where(valid, rewards, 0.0)  # unscored entries may hold NaN
-    out = selector.step(rewards.float(), prompt_ids, valid)
+    out = selector.step(rewards.float(), prompt_ids, valid, check_inputs=False)
     return GroupSelection(prompt_ids, out.keep_mask, out.num_kept, out)
 
 
 def unit_scores(rewards: torch.Tensor, valid: Optional[torch.Tensor],
                 score_fn: Optional[ScoreFn]) -> torch.Tensor:
-    """Rewards mapped by ``score_fn`` (default: unchanged) for LZE's pass rate, checked to lie in
-    [0, 1] on the valid entries (all when ``valid`` is None; one host sync)."""
-    scores = rewards if score_fn is None else score_fn(rewards)
-    if not isinstance(scores, torch.Tensor) or scores.shape != rewards.shape:
-        raise ValueError(f"score_fn: expected a tensor of shape {tuple(rewards.shape)}, "
+    """Rewards mapped by ``score_fn`` (default: unchanged; it gets and returns a 1-D tensor) for
+    LZE's pass rate, checked to lie in [0, 1] on the valid entries (all when ``valid`` is None):
+    NaN and inf fail too. One host sync."""
+    scores = rewards if score_fn is None else score_fn(rewards.reshape(-1))
+    if not isinstance(scores, torch.Tensor) or scores.numel() != rewards.numel():
+        raise ValueError(f"score_fn: expected a tensor of {rewards.numel()} scores, "
                          f"got {getattr(scores, 'shape', type(scores).__name__)}")
-    outside = ~((scores >= 0.0) & (scores <= 1.0))
-    if valid is not None:
-        outside &= valid
-    if bool(outside.any()):
+    scores = scores.view(rewards.shape)
+    checked = scores if valid is None else torch.where(valid, scores, 0.0)
+    low, high = torch.stack(torch.aminmax(checked)).tolist()  # NaN propagates
+    if not (0.0 <= low and high <= 1.0):
         raise ValueError("rewards: LZE needs each completion's reward in [0, 1] (a pass rate); "
                          "pass score_fn to map your rewards there, e.g. "
                          "score_fn=lambda r: (r > 0).float()")

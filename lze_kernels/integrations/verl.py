@@ -28,7 +28,7 @@ follows verl here.)
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, NamedTuple, Optional
 
 import numpy as np
@@ -37,7 +37,7 @@ import torch
 from .. import ops
 from ..config import LZEConfig
 from ..selector import LZESelector
-from .selection import GroupSelection, ScoreFn, check_policy, select_groups, unit_scores
+from .selection import GroupSelection, ScoreFn, check_policy, select_groups
 
 
 class UidGroups(NamedTuple):
@@ -47,6 +47,7 @@ class UidGroups(NamedTuple):
     row: torch.Tensor  # [bs] int64 group of each response
     slot: torch.Tensor  # [bs] int64 position inside its group
     first: torch.Tensor  # [num_groups] int64 first response of each group
+    cell: torch.Tensor  # [bs] int64 row * width + slot: the response's place in the flat layout
     width: int  # largest group size
     full: bool  # every group has ``width`` responses (the layout has no padding)
     blocked: bool  # full, and the batch is the layout row by row (uids arrive grouped)
@@ -55,28 +56,40 @@ class UidGroups(NamedTuple):
 def group_by_uid(index, device) -> UidGroups:
     """Number verl's uid groups and place each response in its group, in O(bs) host work.
 
-    Grouped uids (each uid's responses contiguous, as verl's ``repeat(interleave=True)`` leaves
-    them) are recognised with one vectorised comparison of neighbours; otherwise (verl's
-    ``balance_batch`` reorders responses) a dict numbers the uids by hashing: ``dict.fromkeys``
-    and ``map`` iterate in C, with no Python loop and no comparison sort of the uid strings.
-    Slots then come from a counting placement: a stable radix argsort of the group numbers
-    (numpy sorts keys of 16 bits or less by radix, so up to 65,536 groups)."""
+    One vectorised comparison of neighbours splits the uids into runs of equal uids, and one dict
+    keyed by the runs' uids (hashing; ``dict.fromkeys`` and ``map`` iterate in C: no Python
+    loop, no comparison sort of the uid strings) numbers them. When every run has a new uid, the
+    uids arrived grouped (as verl's ``repeat(interleave=True)`` leaves them) and run r is group
+    r. Otherwise (verl's ``balance_batch`` reorders responses) the slots come from a counting
+    placement: a stable radix argsort of the group numbers (numpy sorts keys of 16 bits or less
+    by radix, so up to 65,536 groups; beyond, a stable merge sort)."""
     keys = _host_keys(index)
     if keys.shape[0] == 0:
         raise ValueError("index: expected one uid per response, got none")
-    runs = _contiguous_groups(keys)
-    if runs is not None:
-        row, first = runs
-        counts = np.diff(first, append=keys.shape[0])
-        slot = np.arange(keys.shape[0]) - first[row]
-    else:
-        row = _hash_groups(keys)
-        counts = np.bincount(row)
-        first, slot = _counting_placement(row, counts)
+    row, slot, first, counts, grouped = _place(keys)
     width = int(counts.max())
     full = bool(counts.min() == width)
-    return UidGroups(*(torch.from_numpy(a).to(device) for a in (row, slot, first)), width, full,
-                     full and runs is not None)
+    tensors = (torch.as_tensor(a, device=device) for a in (row, slot, first, row * width + slot))
+    return UidGroups(*tensors, width, full, full and grouped)
+
+
+def _place(keys: np.ndarray):
+    """``(row, slot, first, counts, grouped)`` of the responses with uids ``keys``."""
+    new_run = np.empty(keys.shape[0], dtype=bool)
+    new_run[0] = True
+    np.not_equal(keys[1:], keys[:-1], out=new_run[1:])
+    starts = np.flatnonzero(new_run)
+    run_lengths = np.diff(starts, append=keys.shape[0])
+    run_uids = keys[starts].tolist()
+    distinct = dict.fromkeys(run_uids)  # in order of first appearance
+    if len(distinct) == len(run_uids):  # grouped
+        row = np.cumsum(new_run) - 1
+        return row, np.arange(keys.shape[0]) - starts[row], starts, run_lengths, True
+    numbers = dict(zip(distinct, itertools.count()))
+    run_rows = np.fromiter(map(numbers.__getitem__, run_uids), np.int64, len(run_uids))
+    row = np.repeat(run_rows, run_lengths)
+    counts = np.bincount(row)
+    return (row, *_counting_placement(row, counts), counts, False)
 
 
 def _host_keys(index) -> np.ndarray:
@@ -85,27 +98,8 @@ def _host_keys(index) -> np.ndarray:
     return np.asarray(index).reshape(-1)
 
 
-def _contiguous_groups(keys: np.ndarray):
-    """``(row, first)`` if equal uids arrive contiguously: neighbours compared once, then the
-    uid of each run checked to be new (a dict of the runs' uids). Else None."""
-    change = np.flatnonzero(keys[1:] != keys[:-1]) + 1
-    first = np.concatenate([np.zeros(1, np.int64), change])
-    if len(dict.fromkeys(keys[first].tolist())) != first.shape[0]:
-        return None  # a uid comes back after another one
-    row = np.zeros(keys.shape[0], np.int64)
-    row[change] = 1
-    return np.cumsum(row, out=row), first
-
-
-def _hash_groups(keys: np.ndarray) -> np.ndarray:
-    """[bs] group numbers in order of first appearance, by hashing (a dict, iterated in C)."""
-    uids = keys.tolist()
-    numbers = dict(zip(dict.fromkeys(uids), itertools.count()))
-    return np.fromiter(map(numbers.__getitem__, uids), np.int64, len(uids))
-
-
 def _counting_placement(row: np.ndarray, counts: np.ndarray):
-    """``(first, slot)``: a stable argsort of the group numbers (radix for 16-bit keys) lists the
+    """``(slot, first)``: a stable argsort of the group numbers (radix for 16-bit keys) lists the
     responses group by group; a response's slot is its place in that list minus its group's
     start."""
     keys = row.astype(np.uint16) if counts.shape[0] <= 1 << 16 else row
@@ -113,7 +107,7 @@ def _counting_placement(row: np.ndarray, counts: np.ndarray):
     starts = np.cumsum(counts) - counts
     slot = np.empty_like(row)
     slot[order] = np.arange(row.shape[0]) - np.repeat(starts, counts)
-    return order[starts], slot
+    return slot, order[starts]
 
 
 @dataclass
@@ -152,12 +146,12 @@ class LZEAdvantage:
         if policy == "lze":
             self.selector = LZESelector(num_prompts, config, self.device, backend)
         self.last: Optional[VerlStep] = None
-        self._bound: Optional[torch.Tensor] = None
+        self._bound: Optional[np.ndarray] = None
 
     def bind(self, prompt_index) -> None:
         """Dataset row of each response (e.g. ``batch.non_tensor_batch["index"]``), used by the
         next call that gets no ``prompt_index``."""
-        self._bound = _as_ids(prompt_index, self.device)
+        self._bound = _host_ids(prompt_index)
 
     def __call__(self, token_level_rewards: torch.Tensor, response_mask: torch.Tensor,
                  index, epsilon: float = 1e-6, norm_adv_by_std_in_grpo: Optional[bool] = None,
@@ -182,10 +176,12 @@ class LZEAdvantage:
         raw, valid = _layout(scores, groups)
         prompt_ids = self._group_prompt_ids(prompt_index, groups)
 
-        selection = select_groups(self.policy, self.selector, self._policy_scores(raw, valid),
-                                  prompt_ids, valid)
+        selection = select_groups(self.policy, self.selector, raw, prompt_ids, valid,
+                                  self.score_fn)
         advantages = self._advantages(raw, valid, groups.width, selection, epsilon, norm)
-        per_response = _per_response(advantages, groups).to(out_device, rewards_dtype)
+        flat = advantages.view(-1)
+        per_response = (flat if groups.blocked else flat[groups.cell]).to(out_device,
+                                                                          rewards_dtype)
         advantages = per_response.unsqueeze(-1) * response_mask
         keep_mask = selection.keep[groups.row].to(out_device)
         self.last = VerlStep(advantages, advantages, keep_mask, groups, selection)
@@ -208,37 +204,36 @@ class LZEAdvantage:
 
     def _group_prompt_ids(self, prompt_index, groups: UidGroups) -> torch.Tensor:
         """[num_groups] dataset rows; the first response's row, checked for the whole group."""
-        ids = self._bound if prompt_index is None else _as_ids(prompt_index, self.device)
+        ids = self._bound if prompt_index is None else _host_ids(prompt_index)
         self._bound = None
         if ids is None:
             if self.policy == "dapo":  # stateless: the ids are only reported
                 return torch.full_like(groups.first, -1)
             raise ValueError("prompt_index: LZE needs each response's dataset row (verl: "
                              "non_tensor_batch['index']); pass it or call bind() first")
-        if ids.shape != groups.row.shape:
+        if ids.shape != tuple(groups.row.shape):
             raise ValueError(f"prompt_index: expected {groups.row.shape[0]} dataset rows (one "
                              f"per response), got shape {tuple(ids.shape)}")
-        group_ids = ids[groups.first]
-        if bool((ids != group_ids[groups.row]).any()):
+        # Checked on the host, where verl keeps them (numpy calls cost less than torch ops).
+        group_ids = ids[groups.first.cpu().numpy()]
+        if (ids != group_ids[groups.row.cpu().numpy()]).any():
             raise ValueError("prompt_index: responses of one uid carry different dataset rows")
-        return group_ids
-
-    def _policy_scores(self, raw: torch.Tensor, valid: Optional[torch.Tensor]) -> torch.Tensor:
-        return raw if self.policy == "dapo" else unit_scores(raw, valid, self.score_fn)
+        return torch.as_tensor(group_ids, device=self.device)
 
     def _advantages(self, raw: torch.Tensor, valid: Optional[torch.Tensor], width: int,
                     selection: GroupSelection, epsilon: float, norm: bool) -> torch.Tensor:
         """[num_groups, width] verl GRPO advantages; the fused step's when it saw the same
         rewards and constants, else one vectorised pass."""
-        step = selection.step
-        same = (step is not None and self.score_fn is None
-                and self.selector.config == replace(self.selector.config, eps=epsilon,
-                                                    norm_by_std=norm))
+        step, config = selection.step, getattr(self.selector, "config", None)
+        same = (step is not None and self.score_fn is None and config.eps == epsilon
+                and config.norm_by_std == norm)
         advantages = step.advantages if same else ops.grpo_advantages(raw, valid, epsilon, norm)
         # verl: a one-response group has mean 0 and std 1.
+        if valid is None and width > 1:  # no group of one
+            return advantages
         alone = raw / (1.0 + epsilon) if norm else raw
-        if valid is None:  # every group has `width` responses
-            return alone if width == 1 else advantages
+        if valid is None:
+            return alone
         single = valid.sum(dim=1, keepdim=True) == 1
         return torch.where(single & valid, alone, advantages)
 
@@ -249,24 +244,19 @@ def _layout(scores: torch.Tensor, groups: UidGroups):
     num_groups = groups.first.shape[0]
     if groups.blocked:
         return scores.view(num_groups, groups.width), None
-    cell = groups.row * groups.width + groups.slot
-    raw = scores.new_zeros(num_groups * groups.width).index_put_((cell,), scores)
+    raw = scores.new_zeros(num_groups * groups.width).index_put_((groups.cell,), scores)
     if groups.full:
         return raw.view(num_groups, -1), None
-    valid = torch.zeros_like(raw, dtype=torch.bool).index_fill_(0, cell, True)
+    valid = torch.zeros_like(raw, dtype=torch.bool).index_fill_(0, groups.cell, True)
     return raw.view(num_groups, -1), valid.view(num_groups, -1)
 
 
-def _per_response(advantages: torch.Tensor, groups: UidGroups) -> torch.Tensor:
-    """[num_groups, width] -> [bs] in batch order."""
-    flat = advantages.reshape(-1)
-    return flat if groups.blocked else flat[groups.row * groups.width + groups.slot]
-
-
-def _as_ids(values, device) -> torch.Tensor:
+def _host_ids(values) -> np.ndarray:
+    """[bs] int64 dataset rows on the host (verl's ``non_tensor_batch["index"]`` is a numpy
+    object array)."""
     if isinstance(values, torch.Tensor):
-        return values.to(device=device, dtype=torch.int64).reshape(-1)
-    return torch.from_numpy(np.asarray(values, dtype=np.int64)).to(device).reshape(-1)
+        values = values.detach().cpu().numpy()
+    return np.asarray(values, dtype=np.int64).reshape(-1)
 
 
 def _check_token_tensors(token_level_rewards, response_mask) -> None:

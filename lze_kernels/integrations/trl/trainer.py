@@ -59,7 +59,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from ...config import LZEConfig
 from ...selector import LZESelector
 from ..selection import (GroupSelection, ScoreFn, check_policy, select_groups,
-                         selection_metrics, unit_scores)
+                         selection_metrics)
 from .sampler import EpochPlanner, PrunedRepeatSampler
 
 logger = logging.getLogger(__name__)
@@ -151,10 +151,8 @@ class LZEGRPOTrainer(GRPOTrainer):
         rewards = (rewards_per_func * self.reward_weights.to(rewards_per_func.device)).nansum(1)
         valid = ~torch.isnan(rewards_per_func).all(dim=1)  # TRL: every reward func gave None
         prompt_ids = self._group_prompt_ids(inputs, group)
-        if self.lze_policy == "lze":
-            rewards = unit_scores(rewards, valid, self.lze_score_fn)
         selection = select_groups(self.lze_policy, self.lze_selector, rewards.view(-1, group),
-                                  prompt_ids, valid.view(-1, group))
+                                  prompt_ids, valid.view(-1, group), self.lze_score_fn)
 
         local = slice(self.accelerator.process_index * len(inputs),
                       (self.accelerator.process_index + 1) * len(inputs))
