@@ -257,3 +257,19 @@ def test_dots_rolls_out_references_then_samples_prompts_near_half():
     other.load_state_dict(method.state_dict())
     assert torch.equal(other.chooser.predicted, chooser.predicted)
     assert torch.equal(other.chooser.used, chooser.used)
+
+
+def test_minilm_embeddings_are_unit_vectors_that_group_similar_prompts():
+    from types import SimpleNamespace
+
+    from lze_trainer.methods.minilm import minilm_embeddings
+
+    texts = ["What is 12 + 35?", "What is 14 + 31?", "Name the capital city of France."]
+    rows = [{"messages": [{"role": "system", "content": "Answer."},
+                          {"role": "user", "content": t}]} for t in texts]
+    ctx = SimpleNamespace(generation=SimpleNamespace(train=SimpleNamespace(rows=rows)))
+    emb = minilm_embeddings(ctx)
+    assert emb.shape == (3, 384)
+    torch.testing.assert_close(emb.norm(dim=1), torch.ones(3))
+    similarity = emb @ emb.T
+    assert similarity[0, 1] > similarity[0, 2] + 0.2  # two sums vs a sum and a geography question

@@ -33,8 +33,10 @@ METHODS: dict[str, list[str]] = {
     "lze-release": ["selection.policy=lze", "selection.keep_ratio_schedule=release"],
     "lze-prune": ["selection.policy=lze", "selection.prune=true"],
     "lze-alloc": ["selection.policy=lze", "rollout.allocation=true"],
-    "dots": ["selection.policy=dots"],
-    "dots-replay": ["selection.policy=dots", "replay.ratio=0.5"],
+    # A reference set of B prompts every other step (the release's K = 256 is for batches of
+    # 512 prompts; at B = 64 it would generate twice the training rollouts).
+    "dots": ["selection.policy=dots", "selection.dots_reference_size=64"],
+    "dots-replay": ["selection.policy=dots", "selection.dots_reference_size=64", "replay.ratio=0.5"],
     "greso": ["selection.policy=greso"],
     "speed": ["selection.policy=speed"],
     "lze-hive": ["selection.policy=lze", "selection.entropy_filter=true"],
