@@ -70,6 +70,15 @@ int topk(std::uintptr_t energy, int64_t B, int64_t k, float noise_scale, uint32_
                   as_ptr<int64_t>(kept_indices), as_ptr<int64_t>(num_kept), launch_arg(launch));
 }
 
+#if defined(LZE_BIND_CPU)
+int predict(std::uintptr_t queries, std::uintptr_t refs, std::uintptr_t labels, int64_t N,
+            int64_t K, int64_t d, float scale, std::uintptr_t out, LaunchArg launch) {
+  return lze_dots_predict_cpu(as_ptr<const float>(queries), as_ptr<const float>(refs),
+                              as_ptr<const float>(labels), N, K, d, scale, as_ptr<float>(out),
+                              launch_arg(launch));
+}
+#endif
+
 }  // namespace
 
 PYBIND11_MODULE(LZE_MODULE_NAME, m) {
@@ -78,4 +87,9 @@ PYBIND11_MODULE(LZE_MODULE_NAME, m) {
         "Fused statistics, advantages, energy and state update; returns an error code.");
   m.def("topk", &topk, py::call_guard<py::gil_scoped_release>(),
         "Fixed-shape top-k selection by energy with optional Gumbel noise; returns an error code.");
+#if defined(LZE_BIND_CPU)
+  m.def("predict", &predict, py::call_guard<py::gil_scoped_release>(),
+        "DOTS pass-rate prediction (fused scores, online softmax, weighted sum); returns an "
+        "error code.");
+#endif
 }

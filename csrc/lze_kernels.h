@@ -45,6 +45,13 @@ int lze_topk_cpu(const float* energy, int64_t B, int64_t k, float noise_scale, u
                  const int64_t* step_counter, uint8_t* keep_mask, int64_t* kept_indices,
                  int64_t* num_kept, lze::ThreadBudget threads);
 
+// DOTS pass-rate prediction (SPEC 8): out[q] = sum_j softmax_j(scale <queries[q], refs[j]>)
+// labels[j] for queries [N, d], refs [K, d], labels [K], out [N] (fp32, row-major), one pass
+// with an online softmax. Requires K >= 1 and d >= 1.
+int lze_dots_predict_cpu(const float* queries, const float* refs, const float* labels, int64_t N,
+                         int64_t K, int64_t d, float scale, float* out,
+                         lze::ThreadBudget threads);
+
 #ifdef __cplusplus
 }
 #endif

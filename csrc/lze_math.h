@@ -255,4 +255,47 @@ LZE_HD uint64_t selection_key(float score, int64_t row) {
   return (static_cast<uint64_t>(ordered) << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(row));
 }
 
+// e^x for x <= 0, within 2 ulp for x in [-87, 0] and 0 below (so e^-inf = 0; NaN gives 0
+// too): straight-line arithmetic, so that a loop over it vectorises (a libm call does not).
+// Cody-Waite reduction x = n ln2 + r, |r| <= ln2 / 2, with ln2 split so n ln2_hi is exact,
+// e^r by Cephes' degree-7 minimax polynomial (expf.c), and 2^n built in the exponent field.
+LZE_HD float exp_nonpositive(float x) {
+  const float clamped = x > -87.0f ? x : -87.0f;  // not fmaxf: a libm call on plain x86-64
+  const float n = rintf(clamped * 1.44269504088896341f);
+  const float r = (clamped - n * 0.693359375f) - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = (p * r) * r + r + 1.0f;
+  union { uint32_t u; float f; } scale;
+  scale.u = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;  // n in [-126, 0]
+  return x >= -87.0f ? p * scale.f : 0.0f;
+}
+
+// Online softmax (Milakov & Gimelshein 2018; FlashAttention, Dao et al. 2022) of scores s_j with
+// values y_j: max = max_j s_j, sum = sum_j e^(s_j - max), weighted = sum_j e^(s_j - max) y_j.
+// The DOTS prediction (SPEC 8) is weighted / sum over all references.
+struct OnlineSoftmax {
+  float max;
+  float sum;
+  float weighted;
+};
+
+LZE_HD OnlineSoftmax online_softmax_empty() { return OnlineSoftmax{-INFINITY, 0.0f, 0.0f}; }
+
+// The state of the union of two disjoint sets of scores. Each side is rescaled to the common
+// max; the side holding it is not rescaled at all (also when both are empty: -inf - -inf).
+LZE_HD OnlineSoftmax online_softmax_merge(const OnlineSoftmax& a, const OnlineSoftmax& b) {
+  const float m = fmaxf(a.max, b.max);
+  const float ea = a.max == m ? 1.0f : exp_nonpositive(a.max - m);
+  const float eb = b.max == m ? 1.0f : exp_nonpositive(b.max - m);
+  return OnlineSoftmax{m, a.sum * ea + b.sum * eb, a.weighted * ea + b.weighted * eb};
+}
+
+// sum_j softmax_j(s) y_j of a non-empty state.
+LZE_HD float online_softmax_mean(const OnlineSoftmax& s) { return s.weighted / s.sum; }
+
 }  // namespace lze
