@@ -166,7 +166,7 @@ class LZEGRPOTrainer(GRPOTrainer):
             loss_mask = loss_mask * output["tool_mask"]
         output[KEEP_KEY] = keep
         output[KEPT_KEY] = keep_groups.sum() * group
-        kept_tokens = (loss_mask * keep.to(loss_mask.device)[:, None]).sum()
+        kept_tokens = (loss_mask.sum(dim=1) * keep.to(loss_mask.device)).sum()  # no [n, T] copy
         output["num_items_in_batch"] = self.accelerator.gather(kept_tokens).sum()
 
         self.lze_last_selection = selection
