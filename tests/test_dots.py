@@ -311,3 +311,11 @@ def test_dots_module_has_no_sync_calls():
     calls = [node.func.attr for node in ast.walk(ast.parse(path.read_text()))
              if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)]
     assert not {"item", "tolist", "cpu", "nonzero", "numpy"} & set(calls)
+
+
+@pytest.mark.parametrize("backend", [predict_param("cpu")])
+def test_cpu_custom_op_passes_opcheck(backend):
+    from lze_kernels import native
+
+    q, r, y = inputs(40, 6, 12)
+    torch.library.opcheck(native.CPU._predict_op, (q, r, y, 0.3))
