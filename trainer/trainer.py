@@ -229,7 +229,8 @@ class GRPOTrainer:
         with timer("update"):
             a = self.cfg.actor
             batches, norms = update_batches(mine, a.mini_batches, a.micro_batch_size,
-                                            self.cfg.rollout.max_new_tokens, self.actor.pad_id)
+                                            self.cfg.rollout.max_new_tokens, self.actor.pad_id,
+                                            max_tokens=a.max_tokens_per_micro_batch)
             stats = self.actor.update(batches, norms)
         local_tokens = float(stats.sums[UPDATE_SUMS.index("tokens")])
         self.ledger.add("update", "train", local_tokens)
@@ -270,7 +271,7 @@ class GRPOTrainer:
             "sa/pruned": float(self.method.ctx.selector.num_pruned()),
             "actor/pg_loss": sums["pg_loss"] / tokens,
             "actor/kl": sums["kl"] / tokens,
-            "actor/entropy": sums["entropy"] / tokens,
+            **({"actor/entropy": sums["entropy"] / tokens} if update.entropy_measured else {}),
             "actor/clipfrac": sums["clipped_tokens"] / tokens,
             "actor/grad_norm": float(np.mean(grad_norms)) if grad_norms else 0.0,
             "actor/lr": self.actor.lr,
