@@ -139,6 +139,20 @@ def test_binary_rewards_match_verl_exactly(norm, uid_type, singles, grouped):
     assert advantages.dtype == expected.dtype and advantages.shape == rewards.shape
 
 
+@pytest.mark.parametrize("mask_dtype", [torch.int64, torch.int32, torch.bool, torch.float32,
+                                        torch.float64])
+def test_broadcast_is_verls_expression_bit_for_bit(mask_dtype):
+    rewards, mask, index, rows = verl_batch(6, 4, seed=7, binary=False)
+    mask = mask.to(mask_dtype)
+    expected, _ = verl_grpo_reference(rewards, mask, index)
+    advantages, _ = LZEAdvantage(20)(rewards, mask, index, prompt_index=rows)
+    assert advantages.dtype == expected.dtype  # float64 masks promote, as in verl
+    torch.testing.assert_close(advantages, expected, rtol=1e-6, atol=1e-6)
+    adapter = LZEAdvantage(policy="dapo")
+    per_response = adapter(rewards, mask.to(torch.float32), index)[0][:, 0]
+    assert torch.equal(adapter(rewards, mask, index)[0], per_response.unsqueeze(-1) * mask)
+
+
 def test_single_rollout_group_follows_verl_not_the_kernels():
     rewards = torch.tensor([[0.0, 0.7], [1.0, 0.0], [0.0, 0.0]])
     mask = torch.ones_like(rewards, dtype=torch.int64)
