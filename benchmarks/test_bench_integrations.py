@@ -14,8 +14,8 @@ results/integrations.json and printed; report.py (the kernel benchmark report) d
   - ``floor``: the two ``[bs, T]`` passes any estimator with verl's contract makes,
     ``token_level_rewards.sum(-1)`` and the masked broadcast ``A.unsqueeze(-1) * mask``.
 
-  Each is timed on its own for ``ROUNDS`` calls with fresh uids (median; the loop fewer at
-  large sizes), on the same tensors; the results table
+  Medians over rounds of fresh uids on the same tensors, the estimators in turn within each
+  round (verl's loop afterwards on its own, fewer rounds at large sizes); the results table
   goes to results/verl_estimators.md. Goal: the adapter faster than ``grpo_vectorized`` and
   within 1.5x the floor + 0.5 ms. The adapter's outputs are checked against both verl
   estimators on one batch of each case, and its selection against LZE's host loop
@@ -30,6 +30,7 @@ measure there with ``OMP_NUM_THREADS=1``.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import statistics
@@ -51,10 +52,11 @@ VERL_CASES = ((128, 8), (512, 8), (1024, 16), (4096, 16))  # (prompts, responses
 RESPONSE_LENGTHS = (256, 2048)
 ORDERS = ("grouped", "shuffled")
 ROUNDS = 15
+SMALL_CASE_ROUNDS, SMALL_CASE_ELEMENTS = 51, 1 << 21  # more rounds where bs * T is small
 LOOP_ROUNDS = 3  # verl's loop where bs >= LOOP_FEW_ROUNDS_FROM (seconds per call)
 LOOP_FEW_ROUNDS_FROM = 16384
 ESTIMATORS = ("floor", "verl_vectorized", "lze", "dapo", "lze_kernels", "dapo_kernels",
-              "verl_loop")  # timing order: the loop last
+              "verl_loop")  # the loop last, timed on its own
 
 
 def _record(key: str, value: dict) -> None:
@@ -207,23 +209,42 @@ def test_verl_estimators(num_prompts, group, length, order):
         "dapo_kernels": lambda *_: (ops.dapo_keep_mask(scores), ops.grpo_advantages(scores)),
         "floor": floor,
     }
-    medians = {}
-    for name in ESTIMATORS:  # one block each: the loop's garbage slowed the next call down 3x
-        rounds = LOOP_ROUNDS if name == "verl_loop" and bs >= LOOP_FEW_ROUNDS_FROM else ROUNDS
-        times = []
-        for _ in range(rounds + 1):  # the first call warms up
-            token_rewards, mask, index, rows = batches()
-            args = (token_rewards, mask, index) + ((rows,) if name in ("lze", "dapo") else ())
-            times.append(_seconds(timed[name], *args))
-        medians[f"{name}_s"] = statistics.median(times[1:])
+    medians = _interleaved_medians(timed, ESTIMATORS[:-1], batches, _rounds(bs, length))
+    loop_rounds = LOOP_ROUNDS if bs >= LOOP_FEW_ROUNDS_FROM else ROUNDS
+    medians.update(_interleaved_medians(timed, ("verl_loop",), batches, loop_rounds))
     budget = 1.5 * medians["floor_s"] + 0.5e-3
     goal = {policy: medians[f"{policy}_s"] < min(medians["verl_vectorized_s"], budget)
             for policy in ("lze", "dapo")}
     _record(f"verl B{num_prompts} G{group} T{length} {order}",
             {**medians, "budget_s": budget, "meets_goal": goal,
-             "backend": adapters["lze"].selector.backend, "rounds": ROUNDS,
+             "backend": adapters["lze"].selector.backend, "rounds": _rounds(bs, length),
              "torch_threads": torch.get_num_threads()})
     _write_verl_table()
+
+
+def _rounds(bs: int, length: int) -> int:
+    return SMALL_CASE_ROUNDS if bs * length <= SMALL_CASE_ELEMENTS else ROUNDS
+
+
+def _interleaved_medians(timed: dict, names, batches: VerlBatches, rounds: int) -> dict:
+    """Median seconds of each estimator over ``rounds`` rounds of fresh uids; in each round the
+    estimators run in turn, so a burst of load on the shared machine hits all of them. The
+    garbage collector is off while timing (as in ``timeit``): the loop's garbage would otherwise
+    be collected inside whichever call comes next."""
+    times = {name: [] for name in names}
+    gc.collect()
+    gc.disable()
+    try:
+        for round_ in range(rounds + 1):  # round 0 warms up
+            token_rewards, mask, index, rows = batches()
+            for name in names:
+                args = (token_rewards, mask, index) + ((rows,) if name in ("lze", "dapo") else ())
+                seconds = _seconds(timed[name], *args)
+                if round_:
+                    times[name].append(seconds)
+    finally:
+        gc.enable()
+    return {f"{name}_s": statistics.median(values) for name, values in times.items()}
 
 
 def _write_verl_table() -> None:

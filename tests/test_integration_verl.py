@@ -285,10 +285,12 @@ def test_bad_inputs_raise_naming_the_argument():
         broken[3, 0] = bad
         with pytest.raises(ValueError, match="rewards"):
             adapter(broken, mask, index, prompt_index=rows)
-    with pytest.raises(ValueError, match="prompt_ids"):
+    with pytest.raises(ValueError, match=r"prompt_index: expected dataset rows in \[0, 20\)"):
         adapter(rewards, mask, index, prompt_index=rows + 20)  # past num_prompts
+    with pytest.raises(ValueError, match=r"prompt_index: .* in \[0, 20\)"):
+        adapter(rewards, mask, index, prompt_index=rows - 20)
     same_row = np.where(index == index[0], rows[np.flatnonzero(index != index[0])[0]], rows)
-    with pytest.raises(ValueError, match="prompt_ids"):
+    with pytest.raises(ValueError, match="prompt_index: expected a distinct dataset row"):
         adapter(rewards, mask, index, prompt_index=same_row)  # two groups, one dataset row
     assert int(adapter.selector.state.istate[:, SEEN].sum()) == 0  # no step ran
 

@@ -39,18 +39,20 @@ def check_policy(policy: str) -> None:
 
 def select_groups(policy: str, selector: Optional[LZESelector], rewards: torch.Tensor,
                   prompt_ids: torch.Tensor, valid: Optional[torch.Tensor],
-                  score_fn: Optional[ScoreFn] = None) -> GroupSelection:
+                  score_fn: Optional[ScoreFn] = None, *,
+                  ids_checked: bool = False) -> GroupSelection:
     """Apply ``policy`` to ``rewards`` [B, G] (``valid`` [B, G] marks the scored rollouts; None:
     all are).
 
-    ``"lze"`` maps the rewards by :func:`unit_scores`, checks them and the ids once, then runs
-    ``selector.step`` without its own value checks; ``"dapo"`` needs no selector and takes
-    rewards of any range."""
+    ``"lze"`` maps the rewards by :func:`unit_scores`, checks them and (unless the caller has,
+    ``ids_checked``) the ids' range and distinctness once, then runs ``selector.step`` without
+    its own value checks; ``"dapo"`` needs no selector and takes rewards of any range."""
     if policy == "dapo":
         keep = ops.dapo_keep_mask(rewards, valid)
         return GroupSelection(prompt_ids, keep, keep.sum())
     rewards = unit_scores(rewards, valid, score_fn)
-    validation.check_prompt_id_values(prompt_ids, selector.num_prompts, distinct=True)
+    if not ids_checked:
+        validation.check_prompt_id_values(prompt_ids, selector.num_prompts, distinct=True)
     if valid is not None:
         rewards = torch.where(valid, rewards, 0.0)  # unscored entries may hold NaN
     out = selector.step(rewards.float(), prompt_ids, valid, check_inputs=False)

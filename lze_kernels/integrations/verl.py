@@ -175,7 +175,7 @@ class LZEAdvantage:
         prompt_ids = self._group_prompt_ids(prompt_index, groups)
 
         selection = select_groups(self.policy, self.selector, raw, prompt_ids, valid,
-                                  self.score_fn)
+                                  self.score_fn, ids_checked=True)
         advantages = self._advantages(raw, valid, groups.width, selection, epsilon, norm)
         flat = advantages.view(-1)
         per_response = flat if groups.blocked else flat.index_select(0, groups.cell)
@@ -215,6 +215,8 @@ class LZEAdvantage:
         group_ids = ids[groups.first.cpu().numpy()]
         if (ids != group_ids[groups.row.cpu().numpy()]).any():
             raise ValueError("prompt_index: responses of one uid carry different dataset rows")
+        if self.selector is not None:
+            _check_rows(group_ids, self.selector.num_prompts)
         return torch.as_tensor(group_ids, device=self.device)
 
     def _advantages(self, raw: torch.Tensor, valid: Optional[torch.Tensor], width: int,
@@ -256,6 +258,18 @@ def _broadcast(per_response: torch.Tensor, response_mask: torch.Tensor) -> torch
     if response_mask.dtype == dtype:
         return per_response.unsqueeze(-1) * response_mask
     return response_mask.to(dtype).mul_(per_response.unsqueeze(-1))
+
+
+def _check_rows(group_ids: np.ndarray, num_prompts: int) -> None:
+    """The selector's id check (in [0, N), distinct: one group per prompt per step), on the host
+    rows verl passes, naming the argument a verl user gave."""
+    low, high = int(group_ids.min()), int(group_ids.max())
+    if low < 0 or high >= num_prompts:
+        raise ValueError(f"prompt_index: expected dataset rows in [0, {num_prompts}), got rows "
+                         f"in [{low}, {high}]")
+    if np.unique(group_ids).shape[0] != group_ids.shape[0]:
+        raise ValueError("prompt_index: expected a distinct dataset row for each uid, got two "
+                         "uids with the same row")
 
 
 def _host_ids(values) -> np.ndarray:
