@@ -263,11 +263,12 @@ def _broadcast(per_response: torch.Tensor, response_mask: torch.Tensor) -> torch
 def _check_rows(group_ids: np.ndarray, num_prompts: int) -> None:
     """The selector's id check (in [0, N), distinct: one group per prompt per step), on the host
     rows verl passes, naming the argument a verl user gave."""
-    low, high = int(group_ids.min()), int(group_ids.max())
+    rows = np.sort(group_ids)
+    low, high = int(rows[0]), int(rows[-1])
     if low < 0 or high >= num_prompts:
         raise ValueError(f"prompt_index: expected dataset rows in [0, {num_prompts}), got rows "
                          f"in [{low}, {high}]")
-    if np.unique(group_ids).shape[0] != group_ids.shape[0]:
+    if (rows[1:] == rows[:-1]).any():
         raise ValueError("prompt_index: expected a distinct dataset row for each uid, got two "
                          "uids with the same row")
 
