@@ -62,6 +62,7 @@ test: setup
 
 # The selection-method study (docs/study.md); QUICK=1: two methods, one seed, a few steps.
 study: setup
+	$(if $(QUICK),,$(PY) -m lze_trainer.study --search)
 	$(PY) -m lze_trainer.study $(if $(QUICK),--quick)
 
 bench: setup
