@@ -195,12 +195,11 @@ def test_datasets_stand_in_loads_jsonl_like_datasets(tmp_path, monkeypatch):
 
 
 def test_stand_ins_only_where_the_package_is_missing(monkeypatch):
-    for name in ("datasets", "reasoning_gym"):  # find_spec answers from sys.modules first
-        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.delitem(sys.modules, "datasets", raising=False)  # find_spec reads it first
     monkeypatch.syspath_prepend(str(gpu_check.STAND_INS))  # ahead of the venv's packages here
-    assert gpu_check.stand_ins_used() == ["datasets", "reasoning_gym"]
+    assert gpu_check.stand_ins_used() == ["datasets"]
     monkeypatch.undo()
-    assert gpu_check.stand_ins_used() == []  # the venv has both real packages
+    assert gpu_check.stand_ins_used() == []  # the venv has the real package
 
 
 def test_model_with_real_size_vocabulary(tmp_path):

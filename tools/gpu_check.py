@@ -16,8 +16,9 @@ touched) and this package is built there from its sdist with nvcc. Sub-commands:
 
 ``datasets`` (~67 MB with pyarrow and pandas) and ``reasoning-gym`` (~34 MB with matplotlib's
 stack... beside cmake's 30 MB) do not fit: the trainer stage trains on a JSONL file the check
-writes, through the offline stand-ins of tools/gpu_stand_ins/ (used only when the real package is
-missing; the JSON says which were used).
+writes (no reasoning-gym task, and the reward workers import reasoning-gym only where it is
+installed), read through the offline stand-in of ``datasets`` in tools/gpu_stand_ins/ (used only
+when the real package is missing; the JSON says so).
 """
 
 from __future__ import annotations

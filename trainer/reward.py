@@ -34,6 +34,7 @@ ready in milliseconds; they start once and are reused across batches.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import logging
 import math
 import multiprocessing
@@ -55,7 +56,10 @@ from lze_trainer.data import (
 ScoreFn = Callable[[str, str, str, dict], float]
 
 # Modules the forkserver imports once, so that forked workers start with them loaded.
-_PRELOAD = ["lze_trainer.reward", "math_verify", "reasoning_gym"]
+# Imported once per worker (or by the forkserver) so that scoring starts warm; reasoning-gym only
+# where it is installed (its tasks' scorers need it; a JSONL or hub dataset does not).
+_PRELOAD = ["lze_trainer.reward", "math_verify"] + (
+    ["reasoning_gym"] if importlib.util.find_spec("reasoning_gym") else [])
 _START_TIMEOUT_S = 120.0  # a worker that is not ready by then means a broken environment
 _ANSWER_LINE = re.compile(r"\banswer\s*\**\s*:\s*\**\s*(.*\S)", re.IGNORECASE)
 _MATH_SPAN = re.compile(r"(?<!\\)\$\$?(.+?)(?<!\\)\$\$?", re.DOTALL)
