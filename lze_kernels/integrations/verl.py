@@ -8,9 +8,12 @@ exactly that, returns verl's ``(advantages, returns)`` [bs, T] and keeps a per-r
 ``keep_mask`` of the whole groups the policy kept (``adapter.last``).
 
 Group statistics, advantages, energy, the state update and the top-k run in the fused kernels on
-a ``[B, G_max]`` layout. The only host work is :func:`group_by_uid`, one vectorised
-``numpy.unique`` over the uids (``torch.unique`` for tensors) that numbers the groups; the rest
-is tensor indexing. verl makes a fresh ``uid`` per prompt per step (``uuid4`` in ``fit``), so uids
+a ``[B, G_max]`` layout. Besides the two ``[bs, T]`` passes verl's contract needs (the response
+scores and the masked broadcast, which allocates only the output), the host work is O(bs) with
+small constants: :func:`group_by_uid` (neighbour runs, one dict of uids, a radix placement when
+the uids come shuffled) and a few gathers; uids that arrive grouped need no placement at all
+(the scores are viewed as ``[B, G]``). Groups are numbered in order of first appearance. verl
+makes a fresh ``uid`` per prompt per step (``uuid4`` in ``fit``), so uids
 group responses but cannot key LZE's per-prompt state: the stable id is the dataset row,
 ``non_tensor_batch["index"]`` (from ``extra_info["index"]`` in verl's RLHF dataset). Pass it as
 ``prompt_index`` or :meth:`LZEAdvantage.bind` it before verl calls the estimator (the registry
