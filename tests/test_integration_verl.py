@@ -111,6 +111,16 @@ def test_group_by_uid_matches_a_plain_loop(sizes, order, seed):
     check_layout(torch.from_numpy(np.unique(index, return_inverse=True)[1] * 7))
 
 
+def test_group_by_uid_past_65536_groups():
+    """More groups than 16-bit radix keys hold: the placement sorts the int64 numbers."""
+    uids = np.random.default_rng(0).permutation(70_000) * 3
+    groups = group_by_uid(torch.from_numpy(np.concatenate([uids, uids])), "cpu")
+    numbers = torch.arange(70_000)
+    assert torch.equal(groups.row, torch.cat([numbers, numbers]))
+    assert torch.equal(groups.slot, torch.repeat_interleave(torch.tensor([0, 1]), 70_000))
+    assert torch.equal(groups.first, numbers) and groups.width == 2 and not groups.blocked
+
+
 def test_group_by_uid_blocks_and_tensors():
     groups = group_by_uid(np.array(["b", "b", "a", "a", "c", "c"], dtype=object), "cpu")
     assert groups.row.tolist() == [0, 0, 1, 1, 2, 2] and groups.blocked

@@ -132,8 +132,8 @@ class LZEAdvantage:
         device: where the selector state lives and the kernels run; results come back on the
             device of ``token_level_rewards``.
         backend: the selector's kernel backend.
-        score_fn: maps the [bs] response scores to [0, 1] for LZE's pass rate (default: as is);
-            advantages always use the raw scores.
+        score_fn: maps a 1-D tensor of response scores to [0, 1] for LZE's pass rate (default:
+            as is); advantages always use the raw scores.
     """
 
     def __init__(self, num_prompts: Optional[int] = None, config: Optional[LZEConfig] = None, *,
