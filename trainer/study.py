@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from .metrics import read_metrics
-from .study_report import write_report
+from .study_report import quote_in_readme, write_report
 
 # Method -> config overrides of the study preset. Every method of the trainer, and the best
 # combination found on seeds other than the reported ones (see docs/study.md).
@@ -138,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     report = write_report({m: [run_dir(runs, m, s) for s in seeds] for m in methods},
                           BASELINE if BASELINE in methods else methods[0], out, quick=args.quick)
     print(f"study: report {report}", flush=True)
+    if not (args.quick or args.search) and out == Path("docs") and Path("README.md").exists():
+        if quote_in_readme(report, Path("README.md")):
+            print("study: README.md quotes the new tables", flush=True)
     return 0
 
 

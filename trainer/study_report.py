@@ -129,6 +129,24 @@ def write_report(runs: dict[str, list[Path]], baseline: str, out: Path, quick: b
     return out / MARKDOWN_FILE
 
 
+README_BEGIN, README_END = "<!-- study tables: begin -->", "<!-- study tables: end -->"
+
+
+def quote_in_readme(report: Path, readme: Path) -> bool:
+    """Copy the report's two tables between the README's markers (the README quotes the main
+    table, generated, never typed); False when the README has no markers."""
+    text = readme.read_text()
+    if README_BEGIN not in text or README_END not in text:
+        return False
+    markdown = report.read_text()
+    start = markdown.index("## Held-out")
+    tables = markdown[start:markdown.index("## What the numbers say")].replace("## ", "#### ")
+    head, rest = text.split(README_BEGIN, 1)
+    tail = rest.split(README_END, 1)[1]
+    readme.write_text(f"{head}{README_BEGIN}\n{tables.strip()}\n{README_END}{tail}")
+    return True
+
+
 def _seed(folder: Path) -> int:
     return int(folder.name.rsplit("-s", 1)[1])
 
