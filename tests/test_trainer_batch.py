@@ -67,3 +67,17 @@ def test_zero_weight_groups_have_no_loss_mask():
     batch = micro_batches([_group(0, [1], [[2, 3]], weight=0.0)], 4, 1, pad_id=0)[0]
     assert batch.loss_mask.sum() == 0
     assert torch.equal(batch.advantages, torch.zeros(1))
+
+
+def test_padding_micro_batches_when_no_group_has_responses():
+    """A rank whose engine's prompts were all skipped before rollout (count 0: pruner, GRESO,
+    HIVE) still runs the micro-batches the other ranks run, on a weightless stand-in."""
+    empty = _group(0, [7, 8], [], weight=0.0)
+    batches = micro_batches([empty, empty], micro_batch_size=2, count=2, pad_id=0)
+    assert len(batches) == 2
+    for batch in batches:
+        assert batch.input_ids.tolist() == [[7, 8, 8]]
+        assert batch.loss_mask.sum() == 0 and batch.advantages.tolist() == [0.0]
+    # With one group that has responses, the padding copies its first sequence.
+    batches = micro_batches([empty, _group(1, [9], [[5, 6]])], 2, count=2, pad_id=0)
+    assert batches[1].input_ids.tolist() == [[9, 5, 6]] and batches[1].loss_mask.sum() == 0

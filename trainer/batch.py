@@ -47,9 +47,20 @@ def micro_batches(groups: Sequence[RolloutGroup], micro_batch_size: int, count: 
     """The groups' sequences packed by :func:`pack` into ``count`` micro-batches; missing ones
     (``count`` is the maximum over ranks) are zero-weight copies of the first sequence."""
     chunks = pack(groups, micro_batch_size, max_tokens)
-    filler = [(replace(groups[0], weight=0.0), 0)]
-    chunks += [filler] * (count - len(chunks))
+    chunks += [[_filler(groups)]] * (count - len(chunks))
     return [_collate(chunk, pad_id) for chunk in chunks]
+
+
+def _filler(groups: Sequence[RolloutGroup]) -> tuple[RolloutGroup, int]:
+    """A zero-weight sequence for the micro-batches a rank runs only to stay in step with the
+    others: its first sequence, or, when none of its groups has responses (every prompt of its
+    engine skipped or dropped before rollout), its first prompt with one token."""
+    for group in groups:
+        if group.responses:
+            return replace(group, weight=0.0), 0
+    group = groups[0]
+    stand_in = Completion(token_ids=group.prompt[-1:], logprobs=[0.0], truncated=False)
+    return replace(group, weight=0.0, responses=[stand_in], advantages=[0.0]), 0
 
 
 def num_micro_batches(groups: Sequence[RolloutGroup], micro_batch_size: int,

@@ -68,7 +68,10 @@ def dispatch_kept_groups(local_groups: list[RolloutGroup], advantages: torch.Ten
     mine = []
     for row in plan[world.rank]:
         if row < 0:
-            filler = local_groups[0]
+            # An engine may have generated nothing this step (SPEED accepting no prompt): its
+            # padding is a weightless one-token prompt (micro_batches makes it a sequence).
+            filler = local_groups[0] if local_groups else RolloutGroup(
+                row=-1, prompt_id=-1, prompt=[0], responses=[], rewards=[])
             mine.append(replace(filler, weight=0.0, advantages=[0.0] * len(filler.responses)))
         else:
             group = local[row] if row in local else received[row]
