@@ -24,6 +24,12 @@ class RolloutGroup:
     off_policy: bool = False  # replayed: sampled by an older policy (SPEC 9)
 
 
+def is_mixed(rewards: Sequence[float]) -> bool:
+    """A group with a GRPO gradient: its rewards are not all equal (with binary rewards, some
+    right and some wrong)."""
+    return len(set(rewards)) > 1
+
+
 @dataclass
 class SequenceBatch:
     """Right-padded prompt+response sequences of one micro-batch. Per-token tensors are aligned

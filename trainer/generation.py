@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 import torch
 
 from . import distributed as D
-from .batch import RolloutGroup
+from .batch import RolloutGroup, is_mixed
 from .compute import ComputeLedger
 from .metrics import Timer
 from .reward import RewardScorer, as_correctness
@@ -123,7 +123,7 @@ class Generation:
             generated_tokens=sum(len(c.token_ids) for g in groups for c in g.responses),
             rollouts=sum(len(g.responses) for g in groups),
             groups=sum(1 for g in groups if g.responses),
-            zero_variance_groups=sum(1 for g in groups if g.responses and len(set(g.rewards)) == 1))
+            zero_variance_groups=sum(1 for g in groups if g.responses and not is_mixed(g.rewards)))
 
     # ------------------------------------------------------------------ gather
 

@@ -23,7 +23,7 @@ import math
 import torch
 
 from .. import distributed as D
-from ..batch import RolloutGroup
+from ..batch import RolloutGroup, is_mixed  # is_mixed: the screening verdict
 from . import register
 from .base import Method, MethodContext, PromptPlan, SampledPrompts, keep_all
 
@@ -65,11 +65,6 @@ class ScreenedPrompts(SampledPrompts):
                              ctx.num_prompts)
         _fill_plan(plan, rows, full, idle)
         return full
-
-
-def is_mixed(rewards: list[float]) -> bool:
-    """Screening verdict: rewards not all equal (binary rewards: some right, some wrong)."""
-    return len(set(rewards)) > 1
 
 
 def _slice(drawn: list[int], generation) -> list[int]:
