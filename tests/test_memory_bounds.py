@@ -334,3 +334,20 @@ def test_optimizer_is_torch_adamw_without_runtime_op_build(on_gpu):
     actor.cfg = C.load("tiny", ["actor.offload=true", "actor.zero_stage=2"])
     assert actor._client_optimizer() is None  # ZeRO-Offload: DeepSpeed's CPU Adam
     assert actor._deepspeed_config()["optimizer"]["type"] == "AdamW"
+
+
+def test_update_counts_every_token_of_its_trained_sequences(model_dir):
+    """The FLOPs proxy's update tokens: prompt and response of every trained sequence (the pass
+    runs through both); the loss's tokens are the responses only; padding micro-batches count
+    nothing."""
+    gs = groups(4)
+    actor = stub_actor(model_dir, torch.float32)
+    stats = UpdateStats.zeros("cpu")
+    batches = micro_batches(gs, 5, 4, pad_id=0)  # 12 sequences in 3 chunks + 1 padding batch
+    for b in batches:
+        actor._backward(b, norm_of(gs), stats)
+    sums = stats.as_dict()
+    responses = sum(len(c.token_ids) for g in gs for c in g.responses)
+    prompts = sum(len(g.prompt) * len(g.responses) for g in gs)
+    assert sums["tokens"] == responses
+    assert sums["sequence_tokens"] == prompts + responses

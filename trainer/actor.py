@@ -21,7 +21,9 @@ from .loss import (Normaliser, aggregate, behaviour_weights, clipped_surrogate, 
                    token_log_probs, token_log_probs_and_entropy)
 
 
-UPDATE_SUMS = ("pg_loss", "kl", "entropy", "clipped_tokens", "tokens")
+# tokens: response tokens with a loss; sequence_tokens: every token (prompt and response) of the
+# trained sequences, which the update's forward and backward run through (the FLOPs proxy's)
+UPDATE_SUMS = ("pg_loss", "kl", "entropy", "clipped_tokens", "tokens", "sequence_tokens")
 
 
 @dataclass
@@ -213,6 +215,8 @@ class Actor:
             stats.add("entropy", (entropy * mask).sum())
         stats.add("clipped_tokens", (clipped & kept).sum())
         stats.add("tokens", mask.sum())
+        trained = kept.any(dim=1)  # padding sequences (zero weight) are not the method's
+        stats.add("sequence_tokens", batch.attention_mask.sum(dim=1)[trained].sum())
         if batch.old_logprobs is None:  # the policy before any update: the engine's
             _compare_with_engine(stats, logp, batch)
 

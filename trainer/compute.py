@@ -10,7 +10,12 @@ over ranks into ``compute/<kind>/<purpose>`` metrics and running totals.
 The FLOPs proxy of the study (Kaplan et al. 2020, "Scaling Laws for Neural Language Models":
 about 2P FLOPs per token of a forward pass and 6P per token of a forward + backward pass, for P
 parameters): 2P per prefill and generated token and per token of every extra forward pass
-(old log-probs, reference sets, screening, entropy prefill), 6P per update token.
+(old log-probs, reference sets, screening, entropy prefill), 6P per update token. An update token
+is every token of a trained sequence, prompt included: the update's forward and backward run
+through all of them (verl's FLOPs counter likewise counts the actor update over the full sequence
+lengths), while the loss covers the response tokens only. Counting only the response tokens would
+put the update at about a third of a GRPO step's FLOPs on the study's task, where its measured
+wall time is about two thirds. Prefill is counted per rollout (prefix caching aside).
 """
 
 from __future__ import annotations

@@ -213,8 +213,9 @@ def _markdown(rows, curves, baseline: str, runs: dict[str, list[Path]], quick: b
               "## How it is measured", "",
               "FLOPs proxy with P parameters: 2P per prefill and generated token (reference sets "
               "and screening included), 2P per token of every extra forward pass (old log-probs, "
-              "entropy prefill, embeddings), 6P per update token (`lze_trainer.compute`). Wall "
-              "time is the sum of the training steps' time (evaluation and start-up excluded). "
+              "entropy prefill, embeddings), 6P per update token: every token of a trained "
+              "sequence, prompt included, which the update's forward and backward run through "
+              "(`lze_trainer.compute`). Wall time is the sum of the training steps' time (evaluation and start-up excluded). "
               "Ratios compare the compute at the first evaluated step where a method's mean "
               "accuracy over seeds reaches plain GRPO's mean final accuracy with what plain GRPO "
               "needed to first reach it. Area / FLOP is the mean accuracy over the FLOPs range "

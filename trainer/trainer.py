@@ -232,7 +232,8 @@ class GRPOTrainer:
                                             self.cfg.rollout.max_new_tokens, self.actor.pad_id,
                                             max_tokens=a.max_tokens_per_micro_batch)
             stats = self.actor.update(batches, norms)
-        local_tokens = float(stats.sums[UPDATE_SUMS.index("tokens")])
+        # The update runs forward and backward through whole sequences, prompts included.
+        local_tokens = float(stats.sums[UPDATE_SUMS.index("sequence_tokens")])
         self.ledger.add("update", "train", local_tokens)
         if a.ppo_epochs * len(batches) > 1:  # old log-probs were recomputed: one more forward
             self.ledger.add("forward", "old_logprobs", local_tokens / a.ppo_epochs)
