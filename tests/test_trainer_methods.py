@@ -160,6 +160,32 @@ def test_speed_stops_screening_once_the_batch_is_full():
     assert len(rounds) == 1 and plan.counts == [4] * 6
 
 
+def test_speed_prefilter_skips_prompts_whose_screening_had_no_variance():
+    method = build("speed", "selection.speed_prefilter=greso", "selection.greso_initial=0.05",
+                   "selection.greso_step=0", "selection.speed_screen_rollouts=2",
+                   "selection.speed_max_rounds=1", "selection.candidate_factor=5.0")
+    run_step(method, 0)  # no history: the 30 candidates are all screened
+    first = [pid for c in method.ctx.generation.calls if c[0] == "screening" for pid in c[1]]
+    assert sorted(first) == list(range(N))
+    streak = method.chooser.filter.streak  # the screening rewards fed the streaks
+    assert streak.tolist() == [0 if i % 3 == 2 else 1 for i in range(N)]
+    method.ctx.generation.calls.clear()
+    run_step(method, 1)
+    second = [pid for c in method.ctx.generation.calls if c[0] == "screening" for pid in c[1]]
+    # mixed prompts are always screened; all-right / all-wrong ones kept with p = 0.05 only
+    assert {i for i in range(N) if i % 3 == 2} <= set(second)
+    assert len(second) <= 10 + 5
+    assert method.step_metrics()["greso/streaking_prompts"] == 20
+    other = build("speed", "selection.speed_prefilter=greso")
+    other.load_state_dict(method.state_dict())
+    assert torch.equal(other.chooser.filter.streak, streak)
+
+
+def test_speed_prefilter_only_with_speed():
+    with pytest.raises(ValueError, match="selection.speed_prefilter"):
+        C.load("tiny", ["selection.policy=lze", "selection.speed_prefilter=greso"])
+
+
 # ---------------------------------------------------------------- GRESO
 
 def test_greso_skips_prompts_with_long_zero_variance_streaks():
@@ -273,3 +299,27 @@ def test_minilm_embeddings_are_unit_vectors_that_group_similar_prompts():
     torch.testing.assert_close(emb.norm(dim=1), torch.ones(3))
     similarity = emb @ emb.T
     assert similarity[0, 1] > similarity[0, 2] + 0.2  # two sums vs a sum and a geography question
+
+
+def test_ledger_books_continued_groups_once():
+    """SPEED's continuation adds rollouts to groups its screening booked already: tokens and
+    rollouts count, groups and zero-variance groups do not count again."""
+    from types import SimpleNamespace
+
+    from lze_trainer.generation import Generation
+
+    service = Generation.__new__(Generation)
+    service.world, service.tp, service.ledger = SimpleNamespace(rank=0), 1, ComputeLedger()
+
+    def groups(rewards):
+        return [RolloutGroup(0, i, [1, 2], [Completion([5], [-0.1], False)] * len(r), r)
+                for i, r in enumerate(rewards)]
+
+    service._book(groups([[1.0, 0.0], [1.0, 1.0]]), "screening")
+    service._book(groups([[1.0, 1.0], [0.0, 0.0]]), "continuation")
+    booked = dict(service.ledger.step)
+    assert booked[("groups", "screening")] == 2 and booked[("zero_variance", "screening")] == 1
+    assert booked[("rollouts", "continuation")] == 4
+    assert booked[("prefill", "continuation")] == 8
+    assert booked.get(("groups", "continuation"), 0) == 0
+    assert booked.get(("zero_variance", "continuation"), 0) == 0

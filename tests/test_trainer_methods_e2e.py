@@ -26,8 +26,10 @@ SWITCHES = {
                          ["hive/dropped", "compute/forward/entropy"]),
     "greso": (["selection.policy=greso", "selection.greso_initial=0.05"],
               ["greso/p_easy", "greso/p_hard"]),
-    "speed": (["selection.policy=speed", "selection.speed_screen_rollouts=2"],
-              ["compute/rollouts/screening"]),
+    # With GRESO's prefilter fed by the screening (its state is in the checkpoint).
+    "speed": (["selection.policy=speed", "selection.speed_screen_rollouts=2",
+               "selection.speed_prefilter=greso", "selection.greso_initial=0.05"],
+              ["compute/rollouts/screening", "greso/p_easy"]),
     # References every other step, predicted by the policy's own prompt embeddings.
     "dots": (["selection.policy=dots", "selection.dots_reference_size=16"],
              ["dots/calibration_slope"]),
@@ -70,6 +72,9 @@ def _speed(steps):
         assert m["compute/rollouts/screening"] > 0
         # every group trained on contains its mixed screening rewards
         assert m["select/zero_variance_trained_frac"] == 0
+        # continuation rollouts extend the screened groups: no groups of their own
+        assert m.get("compute/groups/continuation", 0) == 0
+    assert steps[4]["greso/streaking_prompts"] > 0  # the screening fed the prefilter
 
 
 def _dots(steps):

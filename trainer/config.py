@@ -99,6 +99,7 @@ class SelectionConfig:
     greso_initial: float = 0.5  # greso: p_easy and p_hard at start (clamped to [0.05, 0.95])
     speed_screen_rollouts: int = 4  # speed: rollouts per candidate in the screening round
     speed_max_rounds: int = 4  # speed: screening rounds per step to fill the batch with mixed prompts
+    speed_prefilter: Literal["none", "greso"] = "none"  # speed: greso thins the candidates before screening with GRESO's skip draw (the greso_* settings), fed by the screening rewards
     entropy_filter: bool = False  # HIVE: after the history-based choice, drop candidates whose prompt entropy fell below their running level (one prefill each)
     entropy_beta: float = 0.9  # HIVE: EMA decay of each prompt's running entropy level
 
@@ -268,6 +269,8 @@ def _validate_methods(c: Config) -> None:
              f"false with selection.policy={policy} (it chooses its own prompts)", s.prune)
     _require(not (policy == "speed" and c.rollout.allocation), "rollout.allocation",
              "false with selection.policy=speed (screening fixes the group size)", True)
+    _require(s.speed_prefilter == "none" or policy == "speed", "selection.speed_prefilter",
+             "none unless selection.policy=speed", s.speed_prefilter)
     _require(not (policy == "speed" and s.entropy_filter), "selection.entropy_filter",
              "false with selection.policy=speed (its prompts are chosen while rolling out)", True)
 

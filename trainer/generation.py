@@ -26,6 +26,9 @@ from .rollout import SamplingSpec
 
 # Engine seed offsets per purpose: each purpose samples its own stream.
 _PURPOSE_SEEDS = {"train": 0, "eval": 1, "reference": 2, "screening": 3, "continuation": 4}
+# Purposes whose rollouts extend groups booked already (SPEED's continuation of its screened
+# prompts): their tokens and rollouts count, their groups do not count again.
+_EXTENDING = {"continuation"}
 
 
 @dataclass
@@ -117,13 +120,14 @@ class Generation:
     def _book(self, groups: list[RolloutGroup], purpose: str) -> None:
         if self.world.rank % self.tp:  # tensor-parallel peers generated the same tokens once
             return
+        new_groups = [] if purpose in _EXTENDING else [g for g in groups if g.responses]
         self.ledger.add_rollouts(
             purpose,
             prompt_tokens=sum(len(g.prompt) * len(g.responses) for g in groups),
             generated_tokens=sum(len(c.token_ids) for g in groups for c in g.responses),
             rollouts=sum(len(g.responses) for g in groups),
-            groups=sum(1 for g in groups if g.responses),
-            zero_variance_groups=sum(1 for g in groups if g.responses and not is_mixed(g.rewards)))
+            groups=len(new_groups),
+            zero_variance_groups=sum(1 for g in new_groups if not is_mixed(g.rewards)))
 
     # ------------------------------------------------------------------ gather
 

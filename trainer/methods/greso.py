@@ -25,16 +25,27 @@ from .base import Method, MethodContext, PromptPlan, SampledPrompts, StepBatch, 
 from ..selection import Selection
 
 
+def greso_filter(ctx: MethodContext) -> GresoFilter:
+    """The run's GRESO filter from the ``selection.greso_*`` settings (also SPEED's prefilter)."""
+    s = ctx.cfg.selection
+    return GresoFilter(ctx.num_prompts, GresoConfig(
+        target_zero_variance=s.greso_target_zero_variance, easy_share=s.greso_easy_share,
+        delta=s.greso_step, initial=s.greso_initial, seed=ctx.cfg.trainer.seed % 2**32),
+        device=ctx.device)
+
+
+def greso_metrics(filter: GresoFilter) -> dict[str, float]:
+    p_easy, p_hard = filter.p.tolist()
+    return {"greso/p_easy": p_easy, "greso/p_hard": p_hard,
+            "greso/streaking_prompts": float((filter.streak > 0).sum())}
+
+
 class GresoPrompts(SampledPrompts):
     """Candidates from the sampler, thinned by GRESO's skip draw."""
 
     def __init__(self, ctx: MethodContext):
         super().__init__(ctx)
-        s = ctx.cfg.selection
-        self.filter = GresoFilter(ctx.num_prompts, GresoConfig(
-            target_zero_variance=s.greso_target_zero_variance, easy_share=s.greso_easy_share,
-            delta=s.greso_step, initial=s.greso_initial, seed=ctx.cfg.trainer.seed % 2**32),
-            device=ctx.device)
+        self.filter = greso_filter(ctx)
 
     def choose(self, step: int, batch_size: int) -> PromptPlan:
         drawn = self.candidates(math.ceil(batch_size * self.ctx.cfg.selection.candidate_factor))
@@ -49,9 +60,7 @@ class GresoPrompts(SampledPrompts):
                             g.valid.to(device))
 
     def metrics(self) -> dict[str, float]:
-        p_easy, p_hard = self.filter.p.tolist()
-        return {"greso/p_easy": p_easy, "greso/p_hard": p_hard,
-                "greso/streaking_prompts": float((self.filter.streak > 0).sum())}
+        return greso_metrics(self.filter)
 
     def state_dict(self) -> dict:
         return {"greso": self.filter.state_dict()}

@@ -8,6 +8,11 @@ screening rollouts. Screening rounds draw more candidates until B prompts are ac
 ``selection.speed_max_rounds`` rounds have run; rows left unfilled are skipped prompts with no
 rollouts (fixed shapes). Every full group reaches the update.
 
+With ``selection.speed_prefilter=greso`` the candidates are first thinned by GRESO's skip draw
+(Zheng et al. 2025, arXiv 2506.02177; :mod:`.greso`), fed by the screening rewards of every
+engine: a prompt whose screening was all right or all wrong in a row is screened less and less
+often, so fewer screening rollouts go to prompts that teach nothing.
+
 Data parallelism: each rollout engine screens its own slice of each round's candidates and
 accepts up to its share of B (its rows of the step's batch), so accepted groups never change
 hands before the update; one all-reduce per round tells every rank whether any engine still needs
@@ -26,13 +31,21 @@ from .. import distributed as D
 from ..batch import RolloutGroup, is_mixed  # is_mixed: the screening verdict
 from . import register
 from .base import Method, MethodContext, PromptPlan, SampledPrompts, keep_all
+from .greso import greso_filter, greso_metrics
 
 
 class ScreenedPrompts(SampledPrompts):
     """Prompts chosen while rolling out: :meth:`choose` leaves the plan empty and
     :meth:`screen_and_continue` fills it."""
 
+    def __init__(self, ctx: MethodContext):
+        super().__init__(ctx)
+        prefilter = ctx.cfg.selection.speed_prefilter
+        self.filter = greso_filter(ctx) if prefilter == "greso" else None
+        self.step = 0
+
     def choose(self, step: int, batch_size: int) -> PromptPlan:
+        self.step = step  # the prefilter's skip draw is keyed by the step
         return PromptPlan(torch.zeros(batch_size, dtype=torch.int64), [0] * batch_size)
 
     def screen_and_continue(self, ctx: MethodContext, plan: PromptPlan) -> list[RolloutGroup]:
@@ -42,19 +55,21 @@ class ScreenedPrompts(SampledPrompts):
         rows = list(generation.local_rows(len(plan.counts)))
         accepted: list[RolloutGroup] = []
         rejected: list[int] = []
+        screened: list[tuple[int, list[float]]] = []  # (prompt, screening rewards)
         drawn_this_step: set[int] = set()
         for round in range(s.speed_max_rounds):
             need = int(D.all_reduce(len(rows) - len(accepted), "max"))
             if need == 0:
                 break
             per_shard = math.ceil(need * s.candidate_factor)
-            drawn = self.candidates(per_shard * generation.num_shards).tolist()
+            drawn = self._prefiltered(self.candidates(per_shard * generation.num_shards))
             # A round that crosses an epoch may draw a prompt again: it is screened once.
             mine = [pid for pid in _slice(drawn, generation) if pid not in drawn_this_step]
             drawn_this_step.update(drawn)
             screen = mine[:math.ceil((len(rows) - len(accepted)) * s.candidate_factor)]
             groups = generation.generate_and_score(
                 screen, [s.speed_screen_rollouts] * len(screen), "screening", round=round)
+            screened += [(g.prompt_id, g.rewards) for g in groups]
             for group in groups:
                 if is_mixed(group.rewards) and len(accepted) < len(rows):
                     accepted.append(group)
@@ -63,8 +78,42 @@ class ScreenedPrompts(SampledPrompts):
         full = _continue(ctx, accepted)
         idle = _idle_prompts(rejected, len(rows) - len(full), drawn_this_step, generation,
                              ctx.num_prompts)
-        _fill_plan(plan, rows, full, idle)
+        every_screening = _fill_plan(plan, rows, full, idle, screened)
+        if self.filter is not None:
+            self._observe_screening(every_screening)
         return full
+
+    def _prefiltered(self, drawn: torch.Tensor) -> list[int]:
+        """The candidates the prefilter lets through (every rank draws the same: its state and
+        the skip draw are the same on every rank)."""
+        if self.filter is None:
+            return drawn.tolist()
+        keep = self.filter.rollout_mask(drawn.to(self.filter.device), self.step)
+        return [pid for pid, k in zip(drawn.tolist(), keep.tolist()) if k]
+
+    def _observe_screening(self, screened: list[tuple[int, list[float]]]) -> None:
+        """Every engine's screening rewards of this step feed the prefilter's streaks."""
+        if not screened:
+            return
+        width = max(len(r) for _, r in screened)
+        rewards = torch.zeros(len(screened), width)
+        valid = torch.zeros(len(screened), width, dtype=torch.bool)
+        for i, (_, r) in enumerate(screened):
+            rewards[i, :len(r)] = torch.tensor(r)
+            valid[i, :len(r)] = True
+        ids = torch.tensor([pid for pid, _ in screened])
+        device = self.filter.device
+        self.filter.observe(ids.to(device), rewards.to(device), valid.to(device))
+
+    def metrics(self) -> dict[str, float]:
+        return greso_metrics(self.filter) if self.filter is not None else {}
+
+    def state_dict(self) -> dict:
+        return {"greso": self.filter.state_dict()} if self.filter is not None else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.filter is not None:
+            self.filter.load_state_dict(state["greso"])
 
 
 def _slice(drawn: list[int], generation) -> list[int]:
@@ -93,18 +142,22 @@ def _idle_prompts(rejected: list[int], n: int, drawn: set[int], generation,
     return idle + [next(spare) for _ in range(n - len(idle))]
 
 
-def _fill_plan(plan: PromptPlan, rows: list[int], full: list[RolloutGroup],
-               idle: list[int]) -> None:
+def _fill_plan(plan: PromptPlan, rows: list[int], full: list[RolloutGroup], idle: list[int],
+               screened: list[tuple[int, list[float]]]) -> list[tuple[int, list[float]]]:
     """Accepted groups take this engine's first rows, idle prompts (no rollouts) the rest; then
-    every rank learns every engine's rows (tensor-parallel peers send the same rows twice)."""
+    every rank learns every engine's rows and screening rewards (one collective; tensor-parallel
+    peers send the same twice). Returns every engine's screening, each prompt once."""
     for row, group in zip(rows, full):
         group.row = row
     mine = ([(g.row, g.prompt_id, len(g.responses)) for g in full]
             + [(row, pid, 0) for row, pid in zip(rows[len(full):], idle)])
-    for parcel in D.all_gather_object(mine):
+    every_screening: dict[int, list[float]] = {}
+    for parcel, screening in D.all_gather_object((mine, screened)):
         for row, pid, count in parcel:
             plan.prompt_ids[row] = pid
             plan.counts[row] = count
+        every_screening.update(screening)
+    return sorted(every_screening.items())
 
 
 @register("speed")
