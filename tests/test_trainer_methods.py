@@ -181,6 +181,20 @@ def test_speed_prefilter_skips_prompts_whose_screening_had_no_variance():
     assert torch.equal(other.chooser.filter.streak, streak)
 
 
+def test_speed_prefilter_draws_on_past_skipped_candidates():
+    method = build("speed", "selection.speed_prefilter=greso", "selection.greso_initial=0.05")
+    chooser = method.chooser
+    hard = torch.tensor([i for i in range(N) if i % 3 != 2])
+    chooser.filter.streak[hard] = 5  # kept with probability max(0.05 ** 5, 0.01) = 0.01
+    chooser.filter.kind[hard] = 2
+    drawn = chooser._draw(6)
+    assert len(drawn) == 6 and len(set(drawn)) == 6
+    assert sum(pid % 3 == 2 for pid in drawn) >= 5  # the sampler went on past the skipped
+    for _ in range(4):  # drawing on crosses epochs: still distinct, at most one pass
+        drawn = chooser._draw(8)
+        assert len(drawn) == len(set(drawn)) <= 8
+
+
 def test_speed_prefilter_only_with_speed():
     with pytest.raises(ValueError, match="selection.speed_prefilter"):
         C.load("tiny", ["selection.policy=lze", "selection.speed_prefilter=greso"])

@@ -62,7 +62,7 @@ class ScreenedPrompts(SampledPrompts):
             if need == 0:
                 break
             per_shard = math.ceil(need * s.candidate_factor)
-            drawn = self._prefiltered(self.candidates(per_shard * generation.num_shards))
+            drawn = self._draw(per_shard * generation.num_shards)
             # A round that crosses an epoch may draw a prompt again: it is screened once.
             mine = [pid for pid in _slice(drawn, generation) if pid not in drawn_this_step]
             drawn_this_step.update(drawn)
@@ -83,13 +83,22 @@ class ScreenedPrompts(SampledPrompts):
             self._observe_screening(every_screening)
         return full
 
-    def _prefiltered(self, drawn: torch.Tensor) -> list[int]:
-        """The candidates the prefilter lets through (every rank draws the same: its state and
-        the skip draw are the same on every rank)."""
+    def _draw(self, n: int) -> list[int]:
+        """The sampler's next ``n`` candidates; with the prefilter, the first ``n`` it lets
+        through, drawing on (skipping is free) for at most one pass over the prompts. Every rank
+        draws the same: the filter's state and its skip draw are the same on every rank."""
         if self.filter is None:
-            return drawn.tolist()
-        keep = self.filter.rollout_mask(drawn.to(self.filter.device), self.step)
-        return [pid for pid, k in zip(drawn.tolist(), keep.tolist()) if k]
+            return self.candidates(n).tolist()
+        kept: list[int] = []
+        for _ in range(math.ceil(self.ctx.num_prompts / n)):
+            drawn = self.candidates(n)
+            keep = self.filter.rollout_mask(drawn.to(self.filter.device), self.step)
+            # drawing on may cross into the next epoch: each prompt once
+            kept += [pid for pid, k in zip(drawn.tolist(), keep.tolist())
+                     if k and pid not in kept]
+            if len(kept) >= n:
+                break
+        return kept[:n]
 
     def _observe_screening(self, screened: list[tuple[int, list[float]]]) -> None:
         """Every engine's screening rewards of this step feed the prefilter's streaks."""
