@@ -89,16 +89,14 @@ class ScreenedPrompts(SampledPrompts):
         draws the same: the filter's state and its skip draw are the same on every rank."""
         if self.filter is None:
             return self.candidates(n).tolist()
-        kept: list[int] = []
+        kept: dict[int, None] = {}  # in draw order; drawing on may cross an epoch: each once
         for _ in range(math.ceil(self.ctx.num_prompts / n)):
             drawn = self.candidates(n)
             keep = self.filter.rollout_mask(drawn.to(self.filter.device), self.step)
-            # drawing on may cross into the next epoch: each prompt once
-            kept += [pid for pid, k in zip(drawn.tolist(), keep.tolist())
-                     if k and pid not in kept]
+            kept.update((pid, None) for pid, k in zip(drawn.tolist(), keep.tolist()) if k)
             if len(kept) >= n:
                 break
-        return kept[:n]
+        return list(kept)[:n]
 
     def _observe_screening(self, screened: list[tuple[int, list[float]]]) -> None:
         """Every engine's screening rewards of this step feed the prefilter's streaks."""
