@@ -102,15 +102,11 @@ class ScreenedPrompts(SampledPrompts):
         """Every engine's screening rewards of this step feed the prefilter's streaks."""
         if not screened:
             return
-        width = max(len(r) for _, r in screened)
-        rewards = torch.zeros(len(screened), width)
-        valid = torch.zeros(len(screened), width, dtype=torch.bool)
-        for i, (_, r) in enumerate(screened):
-            rewards[i, :len(r)] = torch.tensor(r)
-            valid[i, :len(r)] = True
-        ids = torch.tensor([pid for pid, _ in screened])
         device = self.filter.device
-        self.filter.observe(ids.to(device), rewards.to(device), valid.to(device))
+        ids = torch.tensor([pid for pid, _ in screened], device=device)
+        # every screened prompt has speed_screen_rollouts rewards
+        rewards = torch.tensor([r for _, r in screened], device=device)
+        self.filter.observe(ids, rewards, torch.ones_like(rewards, dtype=torch.bool))
 
     def metrics(self) -> dict[str, float]:
         return greso_metrics(self.filter) if self.filter is not None else {}
@@ -164,7 +160,7 @@ def _fill_plan(plan: PromptPlan, rows: list[int], full: list[RolloutGroup], idle
             plan.prompt_ids[row] = pid
             plan.counts[row] = count
         every_screening.update(screening)
-    return sorted(every_screening.items())
+    return list(every_screening.items())
 
 
 @register("speed")
