@@ -112,3 +112,15 @@ def test_readme_quotes_the_report_tables_between_its_markers(tmp_path):
     plain = tmp_path / "PLAIN.md"
     plain.write_text("no markers\n")
     assert not quote_in_readme(report, plain) and plain.read_text() == "no markers\n"
+
+
+def test_the_main_report_says_how_the_best_combination_was_found(study, tmp_path):
+    from lze_trainer.study import BEST, CANDIDATES, METHODS, study_methods
+
+    assert BEST in CANDIDATES  # the search tried it
+    assert study_methods().count(BEST) == 1 and set(METHODS) <= set(study_methods())
+    main = write_report(study, "grpo", tmp_path / "main", best_note=True).read_text()
+    assert f"The best combination found is `{BEST}`" in main
+    assert all(f"`{c}`" in main for c in CANDIDATES)
+    search = write_report(study, "grpo", tmp_path / "search").read_text()
+    assert "best combination found" not in search

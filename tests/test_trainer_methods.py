@@ -195,6 +195,21 @@ def test_speed_prefilter_draws_on_past_skipped_candidates():
         assert len(drawn) == len(set(drawn)) <= 8
 
 
+def test_speed_with_top_energy_trains_only_the_top_k_of_its_screened_batch():
+    method = build("speed", "selection.speed_screen_rollouts=2", "selection.candidate_factor=3.0",
+                   "selection.keep_top_energy=true", "selection.keep_ratio=0.5")
+    plan, _, selection = run_step(method, 0)
+    assert plan.counts == [4] * 6  # the batch is full of mixed groups ...
+    assert int(selection.keep_mask.sum()) == 3  # ... and floor(6 x 0.5) of them are trained
+    assert (selection.energy[selection.keep_mask] > 0).all()
+
+
+@pytest.mark.parametrize("policy", ["uniform", "dapo", "lze"])
+def test_keep_top_energy_only_with_a_forward_method(policy):
+    with pytest.raises(ValueError, match="selection.keep_top_energy"):
+        C.load("tiny", [f"selection.policy={policy}", "selection.keep_top_energy=true"])
+
+
 def test_speed_prefilter_only_with_speed():
     with pytest.raises(ValueError, match="selection.speed_prefilter"):
         C.load("tiny", ["selection.policy=lze", "selection.speed_prefilter=greso"])

@@ -26,9 +26,11 @@ SWITCHES = {
                          ["hive/dropped", "compute/forward/entropy"]),
     "greso": (["selection.policy=greso", "selection.greso_initial=0.05"],
               ["greso/p_easy", "greso/p_hard"]),
-    # With GRESO's prefilter fed by the screening (its state is in the checkpoint).
+    # With GRESO's prefilter fed by the screening (its state is in the checkpoint), training
+    # only LZE's top floor(8 x 0.5) groups by energy.
     "speed": (["selection.policy=speed", "selection.speed_screen_rollouts=2",
-               "selection.speed_prefilter=greso", "selection.greso_initial=0.05"],
+               "selection.speed_prefilter=greso", "selection.greso_initial=0.05",
+               "selection.keep_top_energy=true", "selection.keep_ratio=0.5"],
               ["compute/rollouts/screening", "greso/p_easy"]),
     # References every other step, predicted by the policy's own prompt embeddings.
     "dots": (["selection.policy=dots", "selection.dots_reference_size=16"],
@@ -74,6 +76,7 @@ def _speed(steps):
         assert m["select/zero_variance_trained_frac"] == 0
         # continuation rollouts extend the screened groups: no groups of their own
         assert m.get("compute/groups/continuation", 0) == 0
+        assert m["sa/kept_groups"] <= 4  # keep_top_energy: k = floor(8 x 0.5)
     assert steps[4]["greso/streaking_prompts"] > 0  # the screening fed the prefilter
 
 

@@ -100,6 +100,7 @@ class SelectionConfig:
     speed_screen_rollouts: int = 4  # speed: rollouts per candidate in the screening round
     speed_max_rounds: int = 4  # speed: screening rounds per step to fill the batch with mixed prompts
     speed_prefilter: Literal["none", "greso"] = "none"  # speed: greso thins the candidates before screening with GRESO's skip draw (the greso_* settings), fed by the screening rewards
+    keep_top_energy: bool = False  # dots / greso / speed: train only LZE's top floor(B * keep_ratio) of the chosen groups by energy (forward and backward selection combined)
     entropy_filter: bool = False  # HIVE: after the history-based choice, drop candidates whose prompt entropy fell below their running level (one prefill each)
     entropy_beta: float = 0.9  # HIVE: EMA decay of each prompt's running entropy level
 
@@ -271,6 +272,10 @@ def _validate_methods(c: Config) -> None:
              "false with selection.policy=speed (screening fixes the group size)", True)
     _require(s.speed_prefilter == "none" or policy == "speed", "selection.speed_prefilter",
              "none unless selection.policy=speed", s.speed_prefilter)
+    _require(not s.keep_top_energy or policy in ("dots", "greso", "speed"),
+             "selection.keep_top_energy",
+             f"false with selection.policy={policy} (lze keeps the top energies already; "
+             "uniform and dapo with it would be lze)", s.keep_top_energy)
     _require(not (policy == "speed" and s.entropy_filter), "selection.entropy_filter",
              "false with selection.policy=speed (its prompts are chosen while rolling out)", True)
 

@@ -12,7 +12,9 @@ replay) wrap the built method's parts.
 * ``dots`` (:mod:`.dots`), ``greso`` (:mod:`.greso`), ``speed`` (:mod:`.speed`): choose before
   rollout by predicted difficulty, by zero-variance streaks, or by a screening round;
 * switches: ``selection.entropy_filter`` (HIVE, :mod:`.hive`), ``replay.ratio`` (Rollout
-  Replay, :mod:`.replay`).
+  Replay, :mod:`.replay`), ``selection.keep_top_energy`` (a method that chooses before rollout
+  then trains only LZE's top ``floor(keep_ratio x B)`` of its groups by energy, e.g. SPEED's
+  screened batch: forward and backward selection combined).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 from typing import Callable
 
 from .base import (Method, MethodContext, PromptPlan, SampledPrompts, StepBatch, keep_all,
-                   keep_mixed)
+                   keep_mixed, keep_top_energy)
 
 Builder = Callable[[MethodContext], Method]
 _REGISTRY: dict[str, Builder] = {}
@@ -47,6 +49,8 @@ def build(ctx: MethodContext) -> Method:
     method = _REGISTRY[name](ctx)
     if ctx.cfg.selection.entropy_filter:
         method.chooser = EntropyChecked(ctx, method.chooser)
+    if ctx.cfg.selection.keep_top_energy:
+        method.group_filter = keep_top_energy
     return with_replay(method)
 
 

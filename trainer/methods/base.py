@@ -172,7 +172,7 @@ class Method:
         self.name, self.ctx = name, ctx
         self.chooser = chooser if chooser is not None else SampledPrompts(ctx)
         self._collect = collect or generate_plan
-        self._keep = keep
+        self.group_filter = keep  # backward selection; switches may replace it
 
     def fresh_batch_size(self) -> int:
         """Prompts rolled out per step (rollout replay makes it smaller than B)."""
@@ -194,7 +194,7 @@ class Method:
         if step < self.ctx.cfg.selection.warmup_steps:
             keep = keep_all(selection, batch, step)
         else:
-            keep = self._keep(selection, batch, step)
+            keep = self.group_filter(selection, batch, step)
         return Selection(selection.advantages, keep, selection.energy, selection.pass_rate)
 
     def observe(self, batch: StepBatch, selection: Selection) -> None:
