@@ -101,8 +101,9 @@ class SelectionConfig:
     speed_max_rounds: int = 4  # speed: screening rounds per step to fill the batch with mixed prompts
     speed_prefilter: Literal["none", "greso"] = "none"  # speed: greso thins the candidates before screening with GRESO's skip draw (the greso_* settings), fed by the screening rewards
     keep_top_energy: bool = False  # dots / greso / speed: train only LZE's top floor(B * keep_ratio) of the chosen groups by energy (forward and backward selection combined)
-    entropy_filter: bool = False  # HIVE: after the history-based choice, drop candidates whose prompt entropy fell below their running level (one prefill each)
+    entropy_filter: bool = False  # HIVE: after the history-based choice, drop candidates whose prompt entropy fell further below their running level than the step's others' (one prefill each)
     entropy_beta: float = 0.9  # HIVE: EMA decay of each prompt's running entropy level
+    entropy_z: float = 1.0  # HIVE: drop when log(H / level) < mean - z * std over the step's measured prompts (at most 1 / (1 + z^2) of them)
 
 
 @dataclass
@@ -260,6 +261,7 @@ def _validate_methods(c: Config) -> None:
     _require(0.05 <= s.greso_initial <= 0.95, "selection.greso_initial", "a float in [0.05, 0.95]",
              s.greso_initial)
     _require(0 <= s.entropy_beta < 1, "selection.entropy_beta", "a float in [0, 1)", s.entropy_beta)
+    _require(s.entropy_z > 0, "selection.entropy_z", "a float > 0", s.entropy_z)
     _require(0 < s.schedule_floor <= s.schedule_target <= 1, "selection.schedule_target",
              "0 < schedule_floor <= schedule_target <= 1", (s.schedule_floor, s.schedule_target))
     _require(1 <= s.speed_screen_rollouts <= c.rollout.n, "selection.speed_screen_rollouts",
