@@ -124,3 +124,15 @@ def test_the_main_report_says_how_the_best_combination_was_found(study, tmp_path
     assert all(f"`{c}`" in main for c in CANDIDATES)
     search = write_report(study, "grpo", tmp_path / "search").read_text()
     assert "best combination found" not in search
+
+
+@pytest.mark.parametrize("folder", [".", "study_replica"])
+def test_the_link_to_the_search_resolves_from_the_report_folder(study, folder, tmp_path,
+                                                                 monkeypatch):
+    from lze_trainer.study import DOCS, SEARCH_DIR
+
+    monkeypatch.chdir(tmp_path)
+    out = DOCS / folder
+    text = write_report(study, "grpo", out, best_note=True).read_text()
+    link = text.split("(see [the search](")[1].split(")")[0]
+    assert (out / link).resolve() == (DOCS / SEARCH_DIR / "study.md").resolve()

@@ -66,7 +66,8 @@ ALL_METHODS = {**METHODS, **CANDIDATES}
 # it under its own name. A candidate that is not a method of METHODS would join the study as such.
 BEST = "speed"
 SEARCH_SEEDS = [10]  # seeds of the search for "best" (never reported in the main table)
-SEARCH_DIR = "study_search"  # its report, next to the study's
+DOCS = Path("docs")  # the study's report
+SEARCH_DIR = "study_search"  # the search's report, next to the study's
 BASELINE = "grpo"
 WALL_FILE = "wall_seconds.txt"  # a finished run's whole wall time, start-up included
 PRESET = "study"
@@ -128,12 +129,12 @@ def main(argv: list[str] | None = None) -> int:
         methods = args.methods or [BASELINE, *CANDIDATES]
         seeds = args.seeds or SEARCH_SEEDS
         runs = args.runs or Path("runs/study-search")
-        out = args.out or Path("docs") / SEARCH_DIR
+        out = args.out or DOCS / SEARCH_DIR
     else:
         methods = args.methods or (QUICK_METHODS if args.quick else study_methods())
         seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
         runs = args.runs or Path("runs/study-quick" if args.quick else "runs/study")
-        out = args.out or (runs / "report" if args.quick else Path("docs"))
+        out = args.out or (runs / "report" if args.quick else DOCS)
     extra = list(QUICK_OVERRIDES) if args.quick else []
     if args.steps is not None:
         extra.append(f"trainer.total_steps={args.steps}")
@@ -152,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
                           BASELINE if BASELINE in methods else methods[0], out, quick=args.quick,
                           best_note=not (args.quick or args.search))
     print(f"study: report {report}", flush=True)
-    if not (args.quick or args.search) and out == Path("docs") and Path("README.md").exists():
+    if not (args.quick or args.search) and out == DOCS and Path("README.md").exists():
         if quote_in_readme(report, Path("README.md")):
             print("study: README.md quotes the new tables", flush=True)
     return 0
