@@ -81,6 +81,20 @@ def test_report_files(study, tmp_path):
         assert (out / png).stat().st_size > 10_000
 
 
+def test_the_report_says_whether_the_machine_kept_its_speed(study, tmp_path):
+    steady = write_report(study, "grpo", tmp_path / "steady").read_text()
+    assert "plain GRPO per seed: 1.00, 1.00 s (within 15 % of each other" in steady
+    assert "mix speeds" not in steady
+    # The same work ran 1.2x slower for seed 1: its wall time says nothing about the method.
+    runs = tmp_path / "drift"
+    _write_run(runs / "grpo-s0", [0.1, 0.2, 0.3, 0.4, 0.5], 100.0)
+    _write_run(runs / "grpo-s1", [0.1, 0.2, 0.3, 0.4, 0.5], 100.0, step_s=1.2)
+    drift = write_report({"grpo": [runs / "grpo-s0", runs / "grpo-s1"]}, "grpo",
+                         tmp_path / "drift-report").read_text()
+    assert "1.00, 1.20 s: they differ by more than 15 %" in drift
+    assert "**the wall-time ratios mix speeds**" in drift
+
+
 def test_a_run_is_finished_only_at_its_last_step(study):
     assert is_finished(study["grpo"][0], 4)
     assert not is_finished(study["grpo"][0], 5)
@@ -126,7 +140,7 @@ def test_the_main_report_says_how_the_best_combination_was_found(study, tmp_path
     assert "best combination found" not in search
 
 
-@pytest.mark.parametrize("folder", [".", "study_replica"])
+@pytest.mark.parametrize("folder", [".", "replica"])
 def test_the_link_to_the_search_resolves_from_the_report_folder(study, folder, tmp_path,
                                                                  monkeypatch):
     from lze_trainer.study import DOCS, SEARCH_DIR

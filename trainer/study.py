@@ -47,23 +47,21 @@ METHODS: dict[str, list[str]] = {
 }
 # Candidates for the best combination, tried on seeds other than the reported ones (the search,
 # docs/study_search/); BEST names the one that reached plain GRPO's final accuracy there with the
-# least FLOPs and wall time. Earlier searches (commits 2b7d342 and ea8d084, docs/study_search/
-# there) tried lze, lze with the pruner, greso and speed, each with replay 0.5, and speed with
-# GRESO's prefilter: none beat plain speed.
+# least FLOPs and wall time. Earlier searches (docs/study_search/ at commits 2b7d342, ea8d084 and
+# edb5041) tried lze, lze with the pruner, greso and speed, each with replay 0.5, speed with
+# GRESO's prefilter, speed training only LZE's top half of its groups by energy (with and
+# without that prefilter) and lze keeping 30 %: none beat plain speed.
 CANDIDATES: dict[str, list[str]] = {
     "speed": METHODS["speed"],
-    # SPEED's screened batch, of which only LZE's top half by energy is trained: screening buys
-    # a batch of mixed groups, top-k halves the update's cost.
-    "speed-lze": ["selection.policy=speed", "selection.keep_top_energy=true",
-                  "selection.keep_ratio=0.5"],
-    "speed-lze-greso": ["selection.policy=speed", "selection.keep_top_energy=true",
-                        "selection.keep_ratio=0.5", "selection.speed_prefilter=greso"],
-    # LZE training less per step: a smaller update for the same rollouts.
-    "lze-0.3": ["selection.policy=lze", "selection.keep_ratio=0.3"],
+    "lze": METHODS["lze"],
+    # GRESO skips rollouts of prompts that stay solved or unsolved; LZE's top-k then trains at
+    # most floor(0.4 B) of the rolled-out groups, never a zero-energy one: both phases shrink.
+    "greso-lze": ["selection.policy=greso", "selection.keep_top_energy=true"],
 }
 ALL_METHODS = {**METHODS, **CANDIDATES}
-# On seed 10 no combination beat SPEED alone (docs/study_search/study.md): the main table reports
-# it under its own name. A candidate that is not a method of METHODS would join the study as such.
+# On seed 10 neither LZE nor GRESO with LZE's top-k beat SPEED alone (docs/study_search/study.md):
+# the main table reports it under its own name. A candidate that is not a method of METHODS would
+# join the study as such.
 BEST = "speed"
 SEARCH_SEEDS = [10]  # seeds of the search for "best" (never reported in the main table)
 DOCS = Path("docs")  # the study's report

@@ -32,6 +32,7 @@ METRICS = ("pass@1", "sampled_acc")
 METRIC_NAMES = {"pass@1": "greedy pass@1", "sampled_acc": "sampled accuracy"}
 CSV_FILE, MARKDOWN_FILE = "study_steps.csv", "study.md"
 ACCURACY_PLOT, ZERO_VARIANCE_PLOT = "study_accuracy.png", "study_zero_variance.png"
+STEADY_SPREAD = 1.15  # plain GRPO's median step times over seeds may differ by 15 % at most
 COLUMNS = ("method", "seed", "step", "flops", "rollouts", "generated_tokens", "prefill_tokens",
            "update_tokens", "wall_s", "rollout_s", "update_s", "zero_variance_generated",
            "zero_variance_trained", "all_correct", "all_wrong", "pass@1", "sampled_acc")
@@ -248,7 +249,27 @@ def _setup_lines(rows, runs: dict[str, list[Path]], baseline: str) -> list[str]:
     if walls:
         lines.append(f"The runs took {sum(walls) / 60:.0f} min in all on this machine "
                      f"({len(walls)} runs, start-up and evaluation included).")
-    return lines + [""]
+    return lines + _steadiness_lines(rows.get(baseline, [])) + [""]
+
+
+def _steadiness_lines(baseline_runs: list[list[dict]]) -> list[str]:
+    """Whether the machine kept its speed: plain GRPO's step does the same work in every seed
+    (same B, G and token budget), and the study runs its seeds at different times, so their median
+    step times differing by more than STEADY_SPREAD means the speed changed (another load, another
+    machine) and the wall-time ratios mix speeds."""
+    medians = [statistics.median(b["wall_s"] - a["wall_s"] for a, b in zip(rs, rs[1:]))
+               for rs in baseline_runs if len(rs) > 1]
+    if len(medians) < 2:  # one seed: nothing to compare its speed with
+        return []
+    spread = f"{round(100 * (STEADY_SPREAD - 1))} %"
+    line = ("Median step wall time of plain GRPO per seed: "
+            f"{', '.join(f'{m:.2f}' for m in medians)} s")
+    if max(medians) > STEADY_SPREAD * min(medians):
+        return [line + f": they differ by more than {spread}, so the machine's "
+                "speed changed during the study and **the wall-time ratios mix speeds** (rerun "
+                "on a quiet machine)."]
+    return [line + f" (within {spread} of each other: the machine kept its speed, "
+            "which the wall-time ratios assume)."]
 
 
 def _best_line(out: Path) -> list[str]:
