@@ -95,6 +95,15 @@ def test_the_report_says_whether_the_machine_kept_its_speed(study, tmp_path):
     assert "**the wall-time ratios mix speeds**" in drift
 
 
+def test_the_report_counts_the_seeds_each_method_ran(study, tmp_path):
+    assert "seeds per method: 2;" in write_report(study, "grpo", tmp_path / "even").read_text()
+    # An interrupted study: slow's seed 1 never ran, so slow's row rests on one seed.
+    uneven = {**study, "slow": [study["slow"][0], tmp_path / "runs" / "slow-s9"]}
+    text = write_report(uneven, "grpo", tmp_path / "uneven").read_text()
+    assert "seeds per method: 1 to 2 (each row says how many);" in text
+    assert "| 0.300 ± n/a (1) |" in text
+
+
 def test_a_run_is_finished_only_at_its_last_step(study):
     assert is_finished(study["grpo"][0], 4)
     assert not is_finished(study["grpo"][0], 5)

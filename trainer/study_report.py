@@ -237,8 +237,10 @@ def _setup_lines(rows, runs: dict[str, list[Path]], baseline: str) -> list[str]:
     first = [rs[1] for rs in rows.get(baseline, []) if len(rs) > 1]
     walls = [float((f / WALL_FILE).read_text()) for folders in runs.values() for f in folders
              if (f / WALL_FILE).exists()]
-    lines = [f"Methods: {', '.join(runs)}; seeds per method: "
-             f"{max(len(f) for f in runs.values())}; steps per run: "
+    seeds = sorted({sum(1 for r in per if r) for per in rows.values()})
+    seeds_text = (f"{seeds[0]}" if len(seeds) == 1 else
+                  f"{seeds[0]} to {seeds[-1]} (each row says how many)")
+    lines = [f"Methods: {', '.join(runs)}; seeds per method: {seeds_text}; steps per run: "
              f"{max((r[-1]['step'] for per in rows.values() for r in per if r), default=0)}."]
     if first:
         share = {k: statistics.mean(r[k] or 0.0 for r in first)
