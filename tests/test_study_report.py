@@ -119,6 +119,21 @@ def test_no_ratio_when_grpo_never_beats_its_start(tmp_path):
     assert "no ratio is defined for lze (best 0.500)" in text
 
 
+def test_paired_ratios_compare_each_seed_with_grpo_of_the_same_seed(study, tmp_path):
+    from lze_trainer.study_report import paired_flops_ratios
+
+    rows = {m: [run_rows(m, s, f) for s, f in enumerate(folders)] for m, folders in study.items()}
+    # Seed 1 of LZE reaches 0.5 only at its last step: 200 of GRPO's 400 FLOPs.
+    _write_run(tmp_path / "late-s1", [0.1, 0.2, 0.3, 0.4, 0.5], 50.0)
+    rows["lze"][1] = run_rows("lze", 1, tmp_path / "late-s1")
+    paired = paired_flops_ratios(rows, "grpo", "pass@1")
+    assert paired["grpo"] == [1.0, 1.0] and paired["slow"] == [None, None]
+    assert paired["lze"] == [pytest.approx(150 / 400), pytest.approx(200 / 400)]
+    text = write_report(study, "grpo", tmp_path / "report").read_text()
+    assert ("Per seed, against plain GRPO's run of the same seed: 0.38x, 0.38x its FLOPs."
+            in text)
+
+
 def test_readme_quotes_the_report_tables_between_its_markers(tmp_path):
     from lze_trainer.study_report import README_BEGIN, README_END, quote_in_readme
 
@@ -137,16 +152,40 @@ def test_readme_quotes_the_report_tables_between_its_markers(tmp_path):
     assert not quote_in_readme(report, plain) and plain.read_text() == "no markers\n"
 
 
-def test_the_main_report_says_how_the_best_combination_was_found(study, tmp_path):
-    from lze_trainer.study import BEST, CANDIDATES, METHODS, study_methods
+def test_the_search_picks_the_smallest_worst_ratio_and_the_main_report_names_it(
+        study, tmp_path, monkeypatch):
+    from lze_trainer.study import DOCS, METHODS, SEARCH_DIR, study_methods
+    from lze_trainer.study_report import read_best
 
-    assert BEST in CANDIDATES  # the search tried it
-    assert study_methods().count(BEST) == 1 and set(METHODS) <= set(study_methods())
-    main = write_report(study, "grpo", tmp_path / "main", best_note=True).read_text()
-    assert f"The best combination found is `{BEST}`" in main
-    assert all(f"`{c}`" in main for c in CANDIDATES)
-    search = write_report(study, "grpo", tmp_path / "search").read_text()
-    assert "best combination found" not in search
+    monkeypatch.chdir(tmp_path)
+    assert read_best(DOCS / SEARCH_DIR) is None and study_methods() == list(METHODS)
+    before_search = write_report(study, "grpo", DOCS, best_note=True).read_text()
+    assert "best combination found" not in before_search
+    search = write_report(study, "grpo", DOCS / SEARCH_DIR, candidates=["slow", "lze"]).read_text()
+    best = read_best(DOCS / SEARCH_DIR)
+    # LZE reaches GRPO's final at 150 of its 400 FLOPs (0.375x) and 1.5 of its 4 s; slow never.
+    assert best["method"] == "lze" and best["worst_ratio"] == pytest.approx(0.375)
+    assert best["candidates"] == ["lze", "slow"] and best["seeds"] == [0, 1]
+    assert "Picked as the best combination" in search and "`lze`" in search
+    main = write_report(study, "grpo", DOCS, best_note=True).read_text()
+    assert "The best combination found is `lze` (`selection.policy=lze`)" in main
+    assert "greedy pass@1 0.38x FLOPs, 0.38x wall time" in main and "`slow` did worse" in main
+    assert study_methods().count("lze") == 1
+
+
+def test_pick_best_wants_both_metrics_reached_then_the_larger_area():
+    from lze_trainer.study_report import pick_best
+
+    def rows(method, greedy, sampled, area):
+        return [{"metric": m, "method": method, "flops_ratio": r, "wall_ratio": r, "area": area}
+                for m, r in (("pass@1", greedy), ("sampled_acc", sampled))]
+
+    table = rows("grpo", 1.0, 1.0, 0.3) + rows("fast-greedy", 0.2, None, 0.5) \
+        + rows("even", 0.6, 0.7, 0.4) + rows("never", None, None, 0.45)
+    assert pick_best(table, ["fast-greedy", "even", "never"], [10])["method"] == "even"
+    assert pick_best(table, ["fast-greedy", "never"], [10])["method"] == "fast-greedy"
+    assert pick_best(table, ["fast-greedy", "never"], [10])["worst_ratio"] is None
+    assert pick_best(table, ["absent"], [10]) is None
 
 
 @pytest.mark.parametrize("folder", [".", "replica"])
@@ -155,6 +194,7 @@ def test_the_link_to_the_search_resolves_from_the_report_folder(study, folder, t
     from lze_trainer.study import DOCS, SEARCH_DIR
 
     monkeypatch.chdir(tmp_path)
+    write_report(study, "grpo", DOCS / SEARCH_DIR, candidates=["lze"])
     out = DOCS / folder
     text = write_report(study, "grpo", out, best_note=True).read_text()
     link = text.split("(see [the search](")[1].split(")")[0]

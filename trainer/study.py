@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from .metrics import read_metrics
-from .study_report import quote_in_readme, write_report
+from .study_report import quote_in_readme, read_best, write_report
 
 # Method -> config overrides of the study preset. Every method of the trainer, and the best
 # combination found on seeds other than the reported ones (see docs/study.md).
@@ -46,23 +46,24 @@ METHODS: dict[str, list[str]] = {
     "lze-hive": ["selection.policy=lze", "selection.entropy_filter=true"],
 }
 # Candidates for the best combination, tried on seeds other than the reported ones (the search,
-# docs/study_search/); BEST names the one that reached plain GRPO's final accuracy there with the
-# least FLOPs and wall time. Earlier searches (docs/study_search/ at commits 2b7d342, ea8d084 and
-# edb5041) tried lze, lze with the pruner, greso and speed, each with replay 0.5, speed with
-# GRESO's prefilter, speed training only LZE's top half of its groups by energy (with and
-# without that prefilter) and lze keeping 30 %: none beat plain speed.
+# docs/study_search/), which picks the one with the smallest worst ratio to plain GRPO there
+# (study_report.pick_best); the main study runs it under its own name. Earlier searches
+# (docs/study_search/ at commits 2b7d342, ea8d084, edb5041 and 1c5eec8) tried lze, lze with the
+# pruner, greso and speed, each with replay 0.5, speed with GRESO's prefilter, speed training only
+# LZE's top half of its groups by energy (with and without that prefilter), greso training LZE's
+# top 40 % and lze keeping 30 % (on another machine, where speed won by far): none beat speed.
 CANDIDATES: dict[str, list[str]] = {
     "speed": METHODS["speed"],
     "lze": METHODS["lze"],
-    # GRESO skips rollouts of prompts that stay solved or unsolved; LZE's top-k then trains at
-    # most floor(0.4 B) of the rolled-out groups, never a zero-energy one: both phases shrink.
-    "greso-lze": ["selection.policy=greso", "selection.keep_top_energy=true"],
+    "lze-prune": METHODS["lze-prune"],
+    # Here an update takes more wall time than the rollouts it trains on (rollout_s and update_s
+    # in docs/study_steps.csv: 63 s against 114 s over 150 GRPO steps), and the pruner keeps
+    # every step at B prompts, so a smaller top-k is what shortens a step: floor(0.3 B) = 19 and
+    # floor(0.25 B) = 16 of the about 30 groups with non-zero energy.
+    "lze-k30": ["selection.policy=lze", "selection.keep_ratio=0.3"],
+    "lze-k25": ["selection.policy=lze", "selection.keep_ratio=0.25"],
 }
 ALL_METHODS = {**METHODS, **CANDIDATES}
-# On seed 10 neither LZE nor GRESO with LZE's top-k beat SPEED alone (docs/study_search/study.md):
-# the main table reports it under its own name. A candidate that is not a method of METHODS would
-# join the study as such.
-BEST = "speed"
 SEARCH_SEEDS = [10]  # seeds of the search for "best" (never reported in the main table)
 DOCS = Path("docs")  # the study's report
 SEARCH_DIR = "study_search"  # the search's report, next to the study's
@@ -76,8 +77,14 @@ QUICK_OVERRIDES = ["trainer.total_steps=4", "trainer.eval_every=2", "sft_warmup.
 
 
 def study_methods() -> list[str]:
-    """The main table's methods: every method of the trainer, and the best combination."""
-    return list(METHODS) + ([] if BEST in METHODS else [BEST])
+    """The main table's methods: every method of the trainer, and the search's pick when it is
+    not one of them."""
+    best = read_best(DOCS / SEARCH_DIR)
+    if best is not None and best["method"] not in ALL_METHODS:
+        raise SystemExit(f"study: the search picked {best['method']!r}, which is no longer a "
+                         f"candidate; rerun it (python -m lze_trainer.study --search)")
+    extra = [] if best is None or best["method"] in METHODS else [best["method"]]
+    return list(METHODS) + extra
 
 
 def run_dir(runs: Path, method: str, seed: int) -> Path:
@@ -91,11 +98,13 @@ def is_finished(folder: Path, total_steps: int) -> bool:
 
 def launch(folder: Path, method: str, seed: int, extra: list[str], nproc: int) -> float:
     """One training run under torchrun; returns its wall seconds. Its console goes to
-    ``<folder>.log``."""
+    ``<folder>.log``. The warm-up cache sits next to the runs' root (``runs/warmup``), so the
+    search and the main study share one warm-up (the cache names each by a digest of its
+    settings, so the quick check's shorter one lives beside it)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc_per_node={nproc}", "-m", "lze_trainer", "--config", PRESET,
            f"trainer.run_dir={folder}", f"trainer.seed={seed}",
-           f"sft_warmup.cache_dir={folder.parent / 'warmup'}", *ALL_METHODS[method], *extra]
+           f"sft_warmup.cache_dir={folder.parent.parent / 'warmup'}", *ALL_METHODS[method], *extra]
     folder.parent.mkdir(parents=True, exist_ok=True)
     start = time.time()
     with open(f"{folder}.log", "w") as log:
@@ -149,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"study: {method} seed {seed} done in {seconds / 60:.1f} min", flush=True)
     report = write_report({m: [run_dir(runs, m, s) for s in seeds] for m in methods},
                           BASELINE if BASELINE in methods else methods[0], out, quick=args.quick,
-                          best_note=not (args.quick or args.search))
+                          best_note=not (args.quick or args.search),
+                          candidates=list(CANDIDATES) if args.search else None)
     print(f"study: report {report}", flush=True)
     if not (args.quick or args.search) and out == DOCS and Path("README.md").exists():
         if quote_in_readme(report, Path("README.md")):

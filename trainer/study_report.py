@@ -19,6 +19,7 @@ accuracy); final accuracy with its standard error over seeds.
 from __future__ import annotations
 
 import csv
+import json
 import math
 import os
 import statistics
@@ -30,7 +31,7 @@ from .metrics import read_metrics
 
 METRICS = ("pass@1", "sampled_acc")
 METRIC_NAMES = {"pass@1": "greedy pass@1", "sampled_acc": "sampled accuracy"}
-CSV_FILE, MARKDOWN_FILE = "study_steps.csv", "study.md"
+CSV_FILE, MARKDOWN_FILE, BEST_FILE = "study_steps.csv", "study.md", "best.json"
 ACCURACY_PLOT, ZERO_VARIANCE_PLOT = "study_accuracy.png", "study_zero_variance.png"
 STEADY_SPREAD = 1.15  # plain GRPO's median step times over seeds may differ by 15 % at most
 COLUMNS = ("method", "seed", "step", "flops", "rollouts", "generated_tokens", "prefill_tokens",
@@ -119,18 +120,78 @@ def _standard_error(values: list[float]) -> float:
 
 
 def write_report(runs: dict[str, list[Path]], baseline: str, out: Path, quick: bool = False,
-                 best_note: bool = False) -> Path:
+                 best_note: bool = False, candidates: Optional[list[str]] = None) -> Path:
     """The CSV, plots and markdown of ``runs`` into ``out``; ``best_note`` says how the best
-    combination was found (the main study's report)."""
+    combination was found (the main study's report); ``candidates`` (the search's report): pick
+    the best of them and write it to ``BEST_FILE``, which the main study reads."""
     out.mkdir(parents=True, exist_ok=True)
     rows = {m: [run_rows(m, _seed(f), f) for f in folders] for m, folders in runs.items()}
     _write_csv(out / CSV_FILE, [r for per_method in rows.values() for rs in per_method for r in rs])
     curves = {metric: {m: curve(rows[m], metric) for m in rows} for metric in METRICS}
     _plot_accuracy(curves, out / ACCURACY_PLOT)
     _plot_zero_variance(rows, out / ZERO_VARIANCE_PLOT)
-    markdown = _markdown(rows, curves, baseline, runs, quick, out if best_note else None)
+    table = table_rows(curves, baseline)
+    for t in table:
+        t["paired_flops"] = paired_flops_ratios(rows, baseline, t["metric"]).get(t["method"], [])
+    best = pick_best(table, candidates, sorted({_seed(f) for fs in runs.values() for f in fs})) \
+        if candidates else None
+    if best is not None:
+        (out / BEST_FILE).write_text(json.dumps(best, indent=1) + "\n")
+    markdown = _markdown(rows, curves, table, baseline, runs, quick, out if best_note else None,
+                         best)
     (out / MARKDOWN_FILE).write_text(markdown)
     return out / MARKDOWN_FILE
+
+
+def paired_flops_ratios(rows: dict[str, list[list[dict]]], baseline: str,
+                        metric: str) -> dict[str, list[Optional[float]]]:
+    """Per method, one FLOPs ratio per seed against plain GRPO's run of the same seed: the FLOPs
+    to first reach that run's final accuracy over what the run needed to first reach it (None:
+    not reached; NaN: that GRPO run ended at its starting accuracy). The table compares mean
+    curves; these show how far one seed moves a ratio on a curve that has flattened."""
+    base = {rs[0]["seed"]: curve([rs], metric) for rs in rows.get(baseline, []) if rs}
+    result: dict[str, list[Optional[float]]] = {}
+    for method, per_seed in rows.items():
+        for rs in per_seed:
+            b, c = (base.get(rs[0]["seed"]), curve([rs], metric)) if rs else (None, None)
+            if b is None or c is None:
+                continue
+            target = b.finals[0]
+            spent, needed = first_reach(c, target, "flops"), first_reach(b, target, "flops")
+            ratio = None if spent is None else spent / needed if needed else math.nan
+            result.setdefault(method, []).append(ratio)
+    return result
+
+
+def pick_best(table: list[dict], candidates: list[str], seeds: list[int]) -> Optional[dict]:
+    """The candidate whose worst ratio to plain GRPO (the largest of its FLOPs and wall-time
+    ratios on both metrics; "not reached" counts as infinite) is smallest; ties, and the case
+    where none reached both, go to the larger mean area / FLOP. None without candidates."""
+    by_method: dict[str, list[dict]] = {}
+    for t in table:
+        if t["method"] in candidates:
+            by_method.setdefault(t["method"], []).append(t)
+    if not by_method:
+        return None
+
+    def worst(method: str) -> float:
+        ratios = [t[k] for t in by_method[method] for k in ("flops_ratio", "wall_ratio")]
+        return math.inf if None in ratios else max(ratios)
+
+    def area(method: str) -> float:
+        return statistics.mean(t["area"] for t in by_method[method])
+
+    method = min(by_method, key=lambda m: (worst(m), -area(m)))
+    return {"method": method, "worst_ratio": None if math.isinf(worst(method)) else worst(method),
+            "ratios": {t["metric"]: {"flops": t["flops_ratio"], "wall": t["wall_ratio"]}
+                       for t in by_method[method]},
+            "candidates": list(by_method), "seeds": seeds}
+
+
+def read_best(search: Path) -> Optional[dict]:
+    """The search's pick (``BEST_FILE`` in its report folder), or None before any search."""
+    path = search / BEST_FILE
+    return json.loads(path.read_text()) if path.exists() else None
 
 
 README_BEGIN, README_END = "<!-- study tables: begin -->", "<!-- study tables: end -->"
@@ -192,16 +253,17 @@ def table_rows(curves: dict, baseline: str) -> list[dict]:
     return result
 
 
-def _markdown(rows, curves, baseline: str, runs: dict[str, list[Path]], quick: bool,
-              best_note_from: Path | None) -> str:
-    """The report; ``best_note_from``: its folder, to link the search from (None: no note)."""
-    table = table_rows(curves, baseline)
+def _markdown(rows, curves, table: list[dict], baseline: str, runs: dict[str, list[Path]],
+              quick: bool, best_note_from: Path | None, picked: Optional[dict]) -> str:
+    """The report; ``best_note_from``: its folder, to link the search from (None: no note);
+    ``picked``: the search's pick among its candidates (None: not a search)."""
     lines = ["# Selection methods against plain GRPO: compute for the same held-out accuracy", "",
              "Generated by `make study` (`python -m lze_trainer.study`) from the runs' metrics; "
              "do not edit by hand." + (" **Quick pipeline check (`QUICK=1`): a few steps, not "
                                        "a result.**" if quick else ""), ""]
     lines += _setup_lines(rows, runs, baseline)
     lines += _best_line(best_note_from) if best_note_from else []
+    lines += _picked_line(picked) if picked else []
     for metric in METRICS:
         lines += [f"## Held-out {METRIC_NAMES[metric]}", "",
                   "| method | FLOPs to reach GRPO's final (ratio) | step wall time to reach it "
@@ -221,7 +283,8 @@ def _markdown(rows, curves, baseline: str, runs: dict[str, list[Path]], quick: b
               "and screening included), 2P per token of every extra forward pass (old log-probs, "
               "entropy prefill, embeddings), 6P per update token: every token of a trained "
               "sequence, prompt included, which the update's forward and backward run through "
-              "(`lze_trainer.compute`). Wall time is the sum of the training steps' time (evaluation and start-up excluded). "
+              "(`lze_trainer.compute`). Wall time is the sum of the training steps' time "
+              "(evaluation and start-up excluded). "
               "Ratios compare the compute at the first evaluated step where a method's mean "
               "accuracy over seeds reaches plain GRPO's mean final accuracy with what plain GRPO "
               "needed to first reach it. Area / FLOP is the mean accuracy over the FLOPs range "
@@ -276,18 +339,33 @@ def _steadiness_lines(baseline_runs: list[list[dict]]) -> list[str]:
 
 def _best_line(out: Path) -> list[str]:
     """How the best combination was found (on seeds the table does not report), linked from a
-    report in ``out``."""
-    from .study import ALL_METHODS, BEST, CANDIDATES, DOCS, SEARCH_DIR, SEARCH_SEEDS
+    report in ``out``; nothing before a search."""
+    from .study import ALL_METHODS, DOCS, SEARCH_DIR
 
+    best = read_best(DOCS / SEARCH_DIR)
+    if best is None:
+        return []
     search = Path(os.path.relpath(DOCS / SEARCH_DIR / MARKDOWN_FILE, out)).as_posix()
+    others = [c for c in best["candidates"] if c != best["method"]]
+    seeds = ", ".join(map(str, best["seeds"]))
+    return [f"The best combination found is `{best['method']}` "
+            f"(`{' '.join(ALL_METHODS[best['method']])}`), picked by code from the search on "
+            f"seed {seeds}, which this table does not report: among "
+            f"{', '.join(f'`{c}`' for c in best['candidates'])} it had the smallest worst ratio "
+            f"to plain GRPO there ({_ratios_text(best)}); {', '.join(f'`{c}`' for c in others)} "
+            f"did worse (see [the search]({search})).", ""]
 
-    others = [c for c in CANDIDATES if c != BEST]
-    return [f"The best combination found is `{BEST}` (`{' '.join(ALL_METHODS[BEST])}`): among "
-            f"the candidates {', '.join(f'`{c}`' for c in CANDIDATES)}, run on seed "
-            f"{', '.join(map(str, SEARCH_SEEDS))}, which this table does not report, it reached "
-            "plain GRPO's final accuracy with the least FLOPs and wall time; "
-            f"{', '.join(f'`{c}`' for c in others)} did worse "
-            f"(see [the search]({search})).", ""]
+
+def _picked_line(best: dict) -> list[str]:
+    return [f"Picked as the best combination (the smallest worst ratio to plain GRPO, FLOPs and "
+            f"wall time on both metrics): `{best['method']}` ({_ratios_text(best)}); the main "
+            f"study runs it on its seeds.", ""]
+
+
+def _ratios_text(best: dict) -> str:
+    return "; ".join(f"{METRIC_NAMES[m]} not reached" if r["flops"] is None else
+                     f"{METRIC_NAMES[m]} {r['flops']:.2f}x FLOPs, {_ratio(r['wall'])} wall time"
+                     for m, r in best["ratios"].items())
 
 
 def _verdicts(table: list[dict], baseline: str) -> list[str]:
@@ -310,7 +388,15 @@ def _verdicts(table: list[dict], baseline: str) -> list[str]:
             lines.append(f"- {name} reached plain GRPO's final {metric} with "
                          f"{t['flops_ratio']:.2f}x its FLOPs and {_ratio(t['wall_ratio'])} its "
                          "step wall time.")
+        paired = t.get("paired_flops", [])
+        if t["baseline_improved"] and len(paired) > 1 and any(r is not None for r in paired):
+            lines[-1] += (" Per seed, against plain GRPO's run of the same seed: "
+                          f"{', '.join(_paired(r) for r in paired)} its FLOPs.")
     return lines or ["- Only the baseline ran."]
+
+
+def _paired(ratio: Optional[float]) -> str:
+    return "not reached" if ratio is None else "n/a" if math.isnan(ratio) else f"{ratio:.2f}x"
 
 
 def _se(value: float) -> str:

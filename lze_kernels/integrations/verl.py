@@ -54,6 +54,8 @@ class UidGroups(NamedTuple):
     width: int  # largest group size
     full: bool  # every group has ``width`` responses (the layout has no padding)
     blocked: bool  # full, and the batch is the layout row by row (uids arrive grouped)
+    host_row: np.ndarray  # ``row`` as built on the host: checks read it with no device copy
+    host_first: np.ndarray  # ``first`` likewise
 
 
 def group_by_uid(index, device) -> UidGroups:
@@ -73,7 +75,7 @@ def group_by_uid(index, device) -> UidGroups:
     width = int(counts.max())
     full = bool(counts.min() == width)
     tensors = (torch.as_tensor(a, device=device) for a in (row, slot, first, row * width + slot))
-    return UidGroups(*tensors, width, full, full and grouped)
+    return UidGroups(*tensors, width, full, full and grouped, row, first)
 
 
 def _place(keys: np.ndarray):
@@ -215,8 +217,8 @@ class LZEAdvantage:
             raise ValueError(f"prompt_index: expected {groups.row.shape[0]} dataset rows (one "
                              f"per response), got shape {tuple(ids.shape)}")
         # Checked on the host, where verl keeps them (numpy calls cost less than torch ops).
-        group_ids = ids[groups.first.cpu().numpy()]
-        if (ids != group_ids[groups.row.cpu().numpy()]).any():
+        group_ids = ids[groups.host_first]
+        if (ids != group_ids[groups.host_row]).any():
             raise ValueError("prompt_index: responses of one uid carry different dataset rows")
         if self.selector is not None:
             _check_rows(group_ids, self.selector.num_prompts)
