@@ -110,7 +110,8 @@ def launch(folder: Path, method: str, seed: int, extra: list[str], nproc: int) -
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc_per_node={nproc}", "-m", "lze_trainer", "--config", PRESET,
            f"trainer.run_dir={folder}", f"trainer.seed={seed}",
-           f"sft_warmup.cache_dir={folder.parent.parent / 'warmup'}", *ALL_METHODS[method], *extra]
+           f"sft_warmup.cache_dir={folder.parent.parent / 'warmup'}", *ALL_METHODS[method],
+           *extra]
     folder.parent.mkdir(parents=True, exist_ok=True)
     start = time.time()
     with open(f"{folder}.log", "w") as log:

@@ -131,8 +131,9 @@ def write_report(runs: dict[str, list[Path]], baseline: str, out: Path, quick: b
     _plot_accuracy(curves, out / ACCURACY_PLOT)
     _plot_zero_variance(rows, out / ZERO_VARIANCE_PLOT)
     table = table_rows(curves, baseline)
+    paired = {metric: paired_flops_ratios(rows, baseline, metric) for metric in METRICS}
     for t in table:
-        t["paired_flops"] = paired_flops_ratios(rows, baseline, t["metric"]).get(t["method"], [])
+        t["paired_flops"] = paired[t["metric"]].get(t["method"], [])
     best = pick_best(table, candidates, sorted({_seed(f) for fs in runs.values() for f in fs})) \
         if candidates else None
     if best is not None:
