@@ -48,26 +48,19 @@ METHODS: dict[str, list[str]] = {
 # Candidates for the best combination, tried on seeds other than the reported ones (the search,
 # docs/study_search/), which picks the one with the smallest worst ratio to plain GRPO there
 # (study_report.pick_best); the main study runs it under its own name. Earlier searches
-# (docs/study_search/ at commits 2b7d342, ea8d084, edb5041 and 1c5eec8) tried lze, lze with the
-# pruner, greso and speed, each with replay 0.5, speed with GRESO's prefilter, speed training only
-# LZE's top half of its groups by energy (with and without that prefilter), greso training LZE's
-# top 40 % and lze keeping 30 % (on another machine, where speed won by far): none beat speed.
+# (docs/study_search/ at commits 2b7d342, ea8d084, edb5041, 1c5eec8 and 5b7bd7a, 150 steps) tried
+# lze, lze with the pruner, greso and speed, each with replay 0.5, speed with GRESO's prefilter,
+# speed training only LZE's top 40-50 % of its groups by energy (with and without that
+# prefilter), greso training LZE's top 40 %, and lze keeping 30 % or 25 %: none beat speed (lze
+# keeping 25 % and speed training LZE's top 40 % reached neither metric).
 CANDIDATES: dict[str, list[str]] = {
     "speed": METHODS["speed"],
     "lze": METHODS["lze"],
     "lze-prune": METHODS["lze-prune"],
-    # Here an update takes more wall time than the rollouts it trains on (rollout_s and update_s
-    # in docs/study_steps.csv: 63 s against 114 s over 150 GRPO steps), and the pruner keeps
-    # every step at B prompts, so a smaller top-k is what shortens a step: floor(0.3 B) = 19 and
-    # floor(0.25 B) = 16 of the about 30 groups with non-zero energy.
-    "lze-k30": ["selection.policy=lze", "selection.keep_ratio=0.3"],
-    "lze-k25": ["selection.policy=lze", "selection.keep_ratio=0.25"],
-    # The methods closest to the goal on the reported seeds, tried on the search's seed too.
+    # The methods closest to the goal on the reported seeds at 5b7bd7a, tried on the search's
+    # seed too.
     "lze-alloc": METHODS["lze-alloc"],
     "lze-hive": METHODS["lze-hive"],
-    # SPEED's step is 2.0 s against GRPO's 1.3 s here, 0.6 s of it the update: training only
-    # LZE's top 40 % of SPEED's groups cuts that part.
-    "speed-lze": ["selection.policy=speed", "selection.keep_top_energy=true"],
 }
 ALL_METHODS = {**METHODS, **CANDIDATES}
 SEARCH_SEEDS = [10]  # seeds of the search for "best" (never reported in the main table)

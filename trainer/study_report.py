@@ -431,6 +431,8 @@ def _plot_accuracy(curves: dict, path: Path) -> None:
                         linestyle="-" if k < 10 else "--", marker=".", label=method)
                 ax.fill_between(c.cost[cost], c.low, c.high, color=f"C{k % 10}", alpha=0.15)
             ax.set(xlabel=label, ylabel=f"held-out {METRIC_NAMES[metric]}")
+            # Hundreds of thousands of tokens as 1e5 ticks: full numbers overlap at this width.
+            ax.ticklabel_format(axis="x", style="sci", scilimits=(-3, 4))
             ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=7)
     fig.suptitle("held-out accuracy against compute (mean over seeds, band: min-max)")
