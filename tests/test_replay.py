@@ -217,6 +217,7 @@ def test_replay_trains_on_half_fresh_rollouts_and_resumes_exactly(tmp_path):
     from trainer_launch import assert_same_steps, rerun_from_checkpoint, tail, train
 
     run = ["replay.ratio=0.5", "rollout.engine=vllm", "trainer.total_steps=4",
+           "trainer.eval_every=0", "trainer.save_hf_model=false",
            "trainer.dump_rollouts=true", "trainer.save_every=2",
            "reward.function=trainer_rewards:even_length"]
     run_dir = tmp_path / "run"

@@ -10,8 +10,9 @@ from lze_trainer.study_report import (CSV_FILE, MARKDOWN_FILE, area_per_flop, cu
                                       table_rows, write_report)
 
 
-def _write_run(folder, accuracies, flops_per_step, step_s=1.0, wall=60.0):
-    """A run that evaluates every step: greedy = accuracies[step], sampled = half of it."""
+def _write_run(folder, accuracies, flops_per_step, step_s=1.0, wall=60.0, trained=(8.0, 3.0)):
+    """A run that evaluates every step: greedy = accuracies[step], sampled = half of it;
+    ``trained``: groups trained per step, and how many of them had zero reward variance."""
     folder.mkdir(parents=True)
     rows = [{"step": 0, "startup_s/data": 1.0},
             {"step": 0, "eval/heldout/pass@1": accuracies[0],
@@ -20,6 +21,8 @@ def _write_run(folder, accuracies, flops_per_step, step_s=1.0, wall=60.0):
         rows.append({"step": step, "total/flops": step * flops_per_step,
                      "total/rollouts": 8.0 * step, "total/generated_tokens": 40.0 * step,
                      "total/update_tokens": 10.0 * step, "timing_s/step": step_s,
+                     "total/update_groups": trained[0] * step,
+                     "total/zero_variance_trained": trained[1] * step,
                      "timing_s/rollout": step_s / 2, "timing_s/update": step_s / 4,
                      "reward/zero_std_frac": 0.5, "select/zero_variance_trained_frac": 0.1,
                      "reward/all_correct_frac": 0.2, "reward/all_wrong_frac": 0.3,
@@ -35,7 +38,8 @@ def study(tmp_path):
     # GRPO: 0.1 -> 0.5 in 4 steps at 100 FLOPs a step; LZE: the same accuracies at half the cost.
     for seed in (0, 1):
         _write_run(runs / f"grpo-s{seed}", [0.1, 0.2, 0.3, 0.4, 0.5], 100.0)
-        _write_run(runs / f"lze-s{seed}", [0.1, 0.2, 0.3, 0.5, 0.5], 50.0, step_s=0.5)
+        _write_run(runs / f"lze-s{seed}", [0.1, 0.2, 0.3, 0.5, 0.5], 50.0, step_s=0.5,
+                   trained=(5.0, 0.0))
         _write_run(runs / f"slow-s{seed}", [0.1, 0.1, 0.2, 0.2, 0.3], 100.0)
     return {m: [runs / f"{m}-s{s}" for s in (0, 1)] for m in ("grpo", "lze", "slow")}
 
@@ -79,6 +83,40 @@ def test_report_files(study, tmp_path):
     assert len(rows) == 3 * 2 * 5
     for png in ("study_accuracy.png", "study_zero_variance.png"):
         assert (out / png).stat().st_size > 10_000
+
+
+def test_signal_per_step_counts_the_groups_with_mixed_rewards(study, tmp_path):
+    """GRPO trains on 8 groups a step, 5 of them mixed, for 100 FLOPs; LZE on 5, all mixed, for
+    50: the same signal per step at half the FLOPs, twice the signal per FLOP."""
+    from lze_trainer.study_report import signal_per_step
+
+    rows = {m: [run_rows(m, s, f) for s, f in enumerate(folders)] for m, folders in study.items()}
+    signal = signal_per_step(rows)
+    assert signal["grpo"] == pytest.approx(
+        {"flops": 100.0, "trained_groups": 8.0, "trained_mixed_groups": 5.0})
+    assert signal["lze"] == pytest.approx(
+        {"flops": 50.0, "trained_groups": 5.0, "trained_mixed_groups": 5.0})
+    text = write_report(study, "grpo", tmp_path / "report").read_text()
+    assert "| grpo | 1.00x | 8.0 | 5.0 | 1.00x | 1.00x |" in text
+    assert "| lze | 0.50x | 5.0 | 5.0 | 1.00x | 2.00x |" in text
+    with open(tmp_path / "report" / CSV_FILE) as f:
+        last = [r for r in csv.DictReader(f) if r["method"] == "lze" and r["step"] == "4"][0]
+    assert float(last["trained_groups"]) == 20.0 and float(last["trained_mixed_groups"]) == 20.0
+
+
+def test_runs_without_group_totals_have_no_signal_table(tmp_path):
+    """Runs logged before the trainer counted trained groups: the table is left out, not faked."""
+    from lze_trainer.study_report import signal_per_step
+
+    folder = tmp_path / "grpo-s0"
+    _write_run(folder, [0.1, 0.2], 100.0)
+    lines = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines()]
+    for r in lines:
+        r.pop("total/update_groups", None)
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    assert signal_per_step({"grpo": [run_rows("grpo", 0, folder)]}) == {}
+    text = write_report({"grpo": [folder]}, "grpo", tmp_path / "report").read_text()
+    assert "Training signal per step" not in text
 
 
 def test_the_report_says_whether_the_machine_kept_its_speed(study, tmp_path):

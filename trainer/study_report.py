@@ -6,8 +6,8 @@
   generated tokens and the wall time of the steps, mean over seeds with a min-max band;
 * ``study_zero_variance.png``: share of zero-variance groups among those generated and those
   trained on, per step;
-* ``study.md``: the task, the table and the plots, and plain sentences where a method does not
-  help.
+* ``study.md``: the task, the table and the plots, plain sentences where a method does not
+  help, and the training signal each method buys per step and per FLOP.
 
 Per method (means over seeds, evaluated steps aligned by step): the FLOPs and the step wall time to
 first reach plain GRPO's final held-out accuracy, as ratios to what plain GRPO needed to first
@@ -36,7 +36,8 @@ ACCURACY_PLOT, ZERO_VARIANCE_PLOT = "study_accuracy.png", "study_zero_variance.p
 STEADY_SPREAD = 1.15  # plain GRPO's median step times over seeds may differ by 15 % at most
 COLUMNS = ("method", "seed", "step", "flops", "rollouts", "generated_tokens", "prefill_tokens",
            "update_tokens", "wall_s", "rollout_s", "update_s", "zero_variance_generated",
-           "zero_variance_trained", "all_correct", "all_wrong", "pass@1", "sampled_acc")
+           "zero_variance_trained", "all_correct", "all_wrong", "trained_groups",
+           "trained_mixed_groups", "pass@1", "sampled_acc")
 
 
 @dataclass
@@ -69,7 +70,10 @@ def run_rows(method: str, seed: int, folder: Path) -> list[dict]:
                                                   r.get("reward/zero_std_frac")),
                "zero_variance_trained": r.get("select/zero_variance_trained_frac"),
                "all_correct": r.get("reward/all_correct_frac"),
-               "all_wrong": r.get("reward/all_wrong_frac")}
+               "all_wrong": r.get("reward/all_wrong_frac"),
+               "trained_groups": r.get("total/update_groups"),
+               "trained_mixed_groups": _mixed(r.get("total/update_groups"),
+                                              r.get("total/zero_variance_trained"))}
         for metric in METRICS:
             row[metric] = next((v for k, v in r.items()
                                 if k.startswith("eval/") and k.endswith("/" + metric)), None)
@@ -78,6 +82,12 @@ def run_rows(method: str, seed: int, folder: Path) -> list[dict]:
         else:
             rows.append(row)
     return rows
+
+
+def _mixed(groups: Optional[float], zero_variance: Optional[float]) -> Optional[float]:
+    """Groups with mixed rewards (nonzero variance) among ``groups``: with binary rewards the only
+    ones with a GRPO advantage, so the only ones that move the policy."""
+    return None if groups is None or zero_variance is None else groups - zero_variance
 
 
 def curve(rows_by_seed: list[list[dict]], metric: str) -> Optional[Curve]:
@@ -277,6 +287,7 @@ def _markdown(rows, curves, table: list[dict], baseline: str, runs: dict[str, li
                 f"| {t['final']:.3f} ± {_se(t['final_se'])} ({t['seeds']}) |")
         lines.append("")
     lines += ["## What the numbers say", ""] + _verdicts(table, baseline) + [""]
+    lines += _signal_lines(rows, baseline)
     lines += ["## Plots", "", f"![held-out accuracy against compute]({ACCURACY_PLOT})", "",
               f"![zero-variance groups generated and trained on]({ZERO_VARIANCE_PLOT})", "",
               "## How it is measured", "",
@@ -336,6 +347,49 @@ def _steadiness_lines(baseline_runs: list[list[dict]]) -> list[str]:
                 "on a quiet machine)."]
     return [line + f" (within {spread} of each other: the machine kept its speed, "
             "which the wall-time ratios assume)."]
+
+
+def signal_per_step(rows: dict[str, list[list[dict]]]) -> dict[str, dict[str, float]]:
+    """Per method, means over seeds of each run's per-step averages: FLOPs, groups trained and
+    groups with mixed rewards trained (runs that did not log the group totals are left out)."""
+    result = {}
+    for method, per_seed in rows.items():
+        runs = [rs[-1] for rs in per_seed
+                if rs and rs[-1]["step"] > 0 and rs[-1].get("trained_mixed_groups") is not None]
+        if runs:
+            result[method] = {key: statistics.mean(r[key] / r["step"] for r in runs)
+                              for key in ("flops", "trained_groups", "trained_mixed_groups")}
+    return result
+
+
+def _signal_lines(rows: dict[str, list[list[dict]]], baseline: str) -> list[str]:
+    """The training signal per step and per FLOP, against plain GRPO's: why a method saves
+    compute at a fixed step budget or does not."""
+    signal = signal_per_step(rows)
+    base = signal.get(baseline)
+    if base is None or not base["flops"] or not base["trained_mixed_groups"]:
+        return []
+    lines = ["## Training signal per step", "",
+             "A group whose rollouts all got the same reward has zero GRPO advantage and adds no "
+             "policy gradient: it only enlarges the loss's token count, a scale that Adam's "
+             "normalisation and the gradient clip undo. At the same learning rate a step moves "
+             "the policy by a similar amount whatever it trains on, and the groups with mixed "
+             "rewards set its direction. A method can save compute at this step budget only "
+             "when it trains on as many of them per step as plain GRPO for fewer FLOPs (then it "
+             "follows plain GRPO's curve at a lower cost, and reaches GRPO's final before the "
+             "last step only where that curve has flattened), or on more of them per step. "
+             "Replayed groups count here, although an older policy generated them.", "",
+             "| method | FLOPs per step (x GRPO) | groups trained per step | with mixed rewards "
+             "| mixed groups per step (x GRPO) | mixed groups per FLOP (x GRPO) |",
+             "|---|---:|---:|---:|---:|---:|"]
+    base_per_flop = base["trained_mixed_groups"] / base["flops"]
+    for method, s in signal.items():
+        per_flop = s["trained_mixed_groups"] / s["flops"] if s["flops"] else math.nan
+        lines.append(f"| {method} | {s['flops'] / base['flops']:.2f}x | "
+                     f"{s['trained_groups']:.1f} | {s['trained_mixed_groups']:.1f} | "
+                     f"{s['trained_mixed_groups'] / base['trained_mixed_groups']:.2f}x | "
+                     f"{per_flop / base_per_flop:.2f}x |")
+    return lines + [""]
 
 
 def _best_line(out: Path) -> list[str]:
