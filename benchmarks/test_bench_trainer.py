@@ -1,10 +1,10 @@
 """Where a GRPO step's time goes, per phase, and the share spent in selection (target < 1 %).
 
 Each case runs the trainer under ``torchrun --nproc_per_node=2`` for a few steps and reads the
-per-step ``timing_s/*`` metrics it logs (rank 0's clock; every phase ends in a collective, so the
-ranks agree to within the skew of the last one). Steps after the first are summarised by their
-median. ``timing_s/select`` is everything selection costs the step: the all-gather of the
-``[B, G]`` rewards, ``LZESelector.step`` (fused kernels) and reading the kept rows to the host.
+per-step ``timing_s/*`` metrics it logs (rank 0's clock). Steps after the first are summarised by
+their median. ``timing_s/wait`` is rank 0 waiting at a barrier for the slowest engine's rollouts;
+``timing_s/select`` is then everything selection costs the step: the all-gather of the ``[B, G]``
+rewards, ``LZESelector.step`` (fused kernels) and reading the kept rows to the host.
 
 Cases: the ``tiny`` preset with each engine (steps of a fraction of a second, the worst case for
 the share), and the ``demo`` preset's model and batch (steps of seconds, as in real training).
@@ -24,7 +24,7 @@ from bench_common import merge_result  # noqa: E402
 from trainer_launch import tail, train  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
-PHASES = ("prompts", "rollout", "reward", "select", "dispatch", "update", "sync", "step")
+PHASES = ("prompts", "rollout", "reward", "wait", "select", "dispatch", "update", "sync", "step")
 STEPS = 8
 # A random tiny model is rarely right: its rewards are its responses' length parity, so that every
 # step keeps groups and runs a real update (tests/trainer_rewards.py).

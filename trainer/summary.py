@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .metrics import METRICS_FILE, PLOT_FILE, read_metrics
 
-PHASES = ("rollout", "reward", "select", "dispatch", "update", "sync", "step")
+PHASES = ("rollout", "reward", "wait", "select", "dispatch", "update", "sync", "step")
 
 
 def run_summary(run_dir: Path, wall_seconds: float) -> str:

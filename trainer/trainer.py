@@ -190,6 +190,8 @@ class GRPOTrainer:
             with timer("rollout"):
                 groups = self.method.collect(plan)
                 self.engine.sleep()
+            with timer("wait"):  # for the slowest engine's rollouts: imbalance, not selection
+                D.barrier()
             with timer("select"):
                 batch, selection, kept_rows = self._select(plan, groups)
                 self.method.observe(batch, selection)
