@@ -214,12 +214,10 @@ def test_replayed_groups_are_flagged_in_micro_batches():
 @pytest.mark.slow
 def test_replay_trains_on_half_fresh_rollouts_and_resumes_exactly(tmp_path):
     from lze_trainer.metrics import read_jsonl, read_metrics
-    from trainer_launch import assert_same_steps, rerun_from_checkpoint, tail, train
+    from trainer_launch import (RESUME_CHECK_RUN, assert_same_steps, rerun_from_checkpoint,
+                                tail, train)
 
-    run = ["replay.ratio=0.5", "rollout.engine=vllm", "trainer.total_steps=4",
-           "trainer.eval_every=0", "trainer.save_hf_model=false",
-           "trainer.dump_rollouts=true", "trainer.save_every=2",
-           "reward.function=trainer_rewards:even_length"]
+    run = [*RESUME_CHECK_RUN, "replay.ratio=0.5"]
     run_dir = tmp_path / "run"
     result = train(run_dir, *run)
     assert result.returncode == 0, tail(result)

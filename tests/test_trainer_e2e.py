@@ -27,7 +27,8 @@ EXPECTED_METRICS = [
     "reward/mean", "reward/zero_std_frac", "reward/scorer_errors", "sa/energy_mean",
     "sa/kept_ratio", "sa/pruned", "actor/pg_loss", "actor/kl", "actor/entropy", "actor/clipfrac",
     "actor/grad_norm", "response_length/mean", "timing_s/rollout", "timing_s/reward",
-    "timing_s/wait", "timing_s/select", "timing_s/update", "timing_s/sync", "timing_s/step", "perf/tokens_per_s",
+    "timing_s/wait", "timing_s/select", "timing_s/update", "timing_s/sync", "timing_s/step",
+    "perf/tokens_per_s",
 ]
 
 

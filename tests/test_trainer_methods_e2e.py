@@ -7,14 +7,10 @@ combine, to keep CI short."""
 import pytest
 
 from lze_trainer.metrics import read_metrics
-from trainer_launch import assert_same_steps, rerun_from_checkpoint, tail, train
+from trainer_launch import (RESUME_CHECK_RUN, RESUME_CHECK_STEPS, assert_same_steps,
+                            rerun_from_checkpoint, tail, train)
 
 pytestmark = pytest.mark.slow
-
-STEPS = 4
-BASE = ["rollout.engine=vllm", f"trainer.total_steps={STEPS}", "trainer.dump_rollouts=true",
-        "trainer.save_every=2", "trainer.save_hf_model=false", "trainer.eval_every=0",
-        "reward.function=trainer_rewards:even_length"]
 
 # name -> (overrides, metrics the run must log on every step)
 SWITCHES = {
@@ -46,14 +42,14 @@ def _steps(run_dir):
 def test_switch_runs_and_resumes_exactly(switch, tmp_path):
     overrides, expected = SWITCHES[switch]
     run_dir = tmp_path / switch
-    result = train(run_dir, *BASE, *overrides)
+    result = train(run_dir, *RESUME_CHECK_RUN, *overrides)
     assert result.returncode == 0, tail(result)
     steps = _steps(run_dir)
-    assert sorted(steps) == list(range(1, STEPS + 1))
+    assert sorted(steps) == list(range(1, RESUME_CHECK_STEPS + 1))
     for name in expected + ["compute/flops", "total/rollouts", "compute/zero_variance_generated_frac"]:
         assert all(name in m for m in steps.values()), name
     CHECKS[switch](steps)
-    resumed = rerun_from_checkpoint(run_dir, 2, *BASE, *overrides)
+    resumed = rerun_from_checkpoint(run_dir, 2, *RESUME_CHECK_RUN, *overrides)
     assert_same_steps(run_dir, resumed, (3, 4))
 
 

@@ -8,6 +8,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# A 4-step run of the tiny preset with vLLM engines, checkpoints at step 2 and its rollouts dumped,
+# rewarded for response-length parity (mixed groups every step), no held-out evaluation or HF
+# save: what the end-to-end tests of a method switch run twice to check resume.
+RESUME_CHECK_STEPS = 4
+RESUME_CHECK_RUN = ["rollout.engine=vllm", f"trainer.total_steps={RESUME_CHECK_STEPS}",
+                    "trainer.dump_rollouts=true", "trainer.save_every=2",
+                    "trainer.save_hf_model=false", "trainer.eval_every=0",
+                    "reward.function=trainer_rewards:even_length"]
+
+
 def torchrun_command(nproc: int, *args: str) -> list[str]:
     # --standalone: a free rendezvous port, so concurrent runs never collide.
     return [sys.executable, "-m", "torch.distributed.run", "--standalone",
