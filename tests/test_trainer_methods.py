@@ -112,13 +112,13 @@ def test_release_schedule_known_values():
     assert release_keep_ratio(5, target=0.2, floor=0.3, ramp_epochs=2) == pytest.approx(0.3)
 
 
-def test_release_schedule_keeps_all_in_the_first_epoch_then_top_k():
+def test_release_schedule_keeps_the_mixed_groups_in_the_first_epoch_then_top_k():
     method = build("lze", "selection.keep_ratio_schedule=release",
                    "selection.schedule_ramp_epochs=1", "selection.schedule_target=0.5",
                    "selection.schedule_floor=0.5")
-    for step in range(N // 6):  # epoch 0: five steps of 6 prompts
-        _, _, selection = run_step(method, step)
-        assert int(selection.keep_mask.sum()) == 6
+    for step in range(N // 6):  # epoch 0: five steps of 6 prompts, exactly the mixed ones kept
+        plan, _, selection = run_step(method, step)
+        assert selection.keep_mask.tolist() == [pid % 3 == 2 for pid in plan.prompt_ids.tolist()]
     _, _, selection = run_step(method, N // 6)  # epoch 1: k = floor(6 x 0.5)
     assert int(selection.keep_mask.sum()) == 2  # only the 2 mixed prompts have E > 0 ...
     assert (selection.energy[selection.keep_mask] > 0).all()  # ... E = 0 never fills the quota
