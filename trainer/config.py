@@ -171,6 +171,8 @@ class TrainerConfig:
 
 @dataclass
 class Config:
+    flops_budget: Optional[float] = None  # end the run after the first step whose cumulative FLOPs proxy (total/flops) reaches this (equal-compute comparisons); total_steps stays the cap and the lr schedule's length
+    eval_at_flops: list[float] = field(default_factory=list)  # held-out evaluation after the first step whose cumulative FLOPs proxy reaches each of these (ascending), instead of every eval_every steps
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -258,6 +260,15 @@ def _validate_methods(c: Config) -> None:
     for key in ("selection.greso_target_zero_variance", "selection.greso_easy_share",
                 "selection.greso_step", "replay.ratio"):
         _require(0 <= _get(c, key) <= 1, key, "a float in [0, 1]", _get(c, key))
+    _validate_budget(c.trainer)
+
+
+def _validate_budget(t: "TrainerConfig") -> None:
+    _require(t.flops_budget is None or t.flops_budget > 0, "trainer.flops_budget",
+             "null or a float > 0", t.flops_budget)
+    points = t.eval_at_flops
+    _require(all(x > 0 for x in points) and points == sorted(set(points)), "trainer.eval_at_flops",
+             "distinct positive FLOPs in ascending order", points)
     _require(0.05 <= s.greso_initial <= 0.95, "selection.greso_initial", "a float in [0.05, 0.95]",
              s.greso_initial)
     _require(0 <= s.entropy_beta < 1, "selection.entropy_beta", "a float in [0, 1)", s.entropy_beta)

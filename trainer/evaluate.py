@@ -27,10 +27,7 @@ def evaluate(engine, eval_sets, scorer, tokenizer, cfg, world: D.World, shard: i
         mine = list(range(shard, len(prompt_set), engines))
         prompts = [prompt_set.token_ids[i] for i in mine]
         rows = [prompt_set.rows[i] for i in mine]
-        greedy = _accuracy_sums(engine, scorer, tokenizer, cfg, prompts, rows, 1,
-                                SamplingSpec(0.0, 1.0, r.max_new_tokens), seed)
-        sampled = _accuracy_sums(engine, scorer, tokenizer, cfg, prompts, rows, r.eval_samples,
-                                 SamplingSpec(r.eval_temperature, r.top_p, r.max_new_tokens), seed)
+        greedy, sampled = _accuracy_sums(engine, scorer, tokenizer, cfg, prompts, rows, seed)
         sums = D.all_reduce_many([*greedy, *sampled] if leader else [0.0] * 4)
         n = len(prompt_set)
         for kind, (total, squares) in (("pass@1", sums[:2]), ("sampled_acc", sums[2:])):
@@ -42,15 +39,28 @@ def evaluate(engine, eval_sets, scorer, tokenizer, cfg, world: D.World, shard: i
     return results
 
 
-def _accuracy_sums(engine, scorer, tokenizer, cfg, prompts, rows, samples: int,
-                   spec: SamplingSpec, seed: int) -> tuple[float, float]:
-    """Sum over prompts of each prompt's mean reward, and of its square (for the error)."""
-    completions = engine.generate(prompts, [samples] * len(prompts), spec, seed=seed)
+def _accuracy_sums(engine, scorer, tokenizer, cfg, prompts, rows, seed: int
+                   ) -> tuple[tuple[float, float], tuple[float, float]]:
+    """Greedy and sampled passes over the same prompts in one engine call (the engine batches
+    them together); for each, the sum over prompts of each prompt's mean reward and of its
+    square (for the error)."""
+    r = cfg.rollout
+    n = len(prompts)
+    greedy = SamplingSpec(0.0, 1.0, r.max_new_tokens)
+    sampled = SamplingSpec(r.eval_temperature, r.top_p, r.max_new_tokens)
+    completions = engine.generate(list(prompts) * 2, [1] * n + [r.eval_samples] * n,
+                                  [greedy] * n + [sampled] * n, seed=seed)
     texts = [tokenizer.decode(c.token_ids, skip_special_tokens=True)
              for group in completions for c in group]
-    rewards = as_correctness(scorer.score(texts, [row for row in rows for _ in range(samples)]).rewards,
+    scored_rows = list(rows) + [row for row in rows for _ in range(r.eval_samples)]
+    rewards = as_correctness(scorer.score(texts, scored_rows).rewards,
                              cfg.reward.correct_threshold)
-    per_prompt = [sum(rewards[i * samples:(i + 1) * samples]) / samples for i in range(len(rows))]
+    k = r.eval_samples
+    sampled_means = [sum(rewards[n + i * k:n + (i + 1) * k]) / k for i in range(n)]
+    return _sums(rewards[:n]), _sums(sampled_means)
+
+
+def _sums(per_prompt: list[float]) -> tuple[float, float]:
     return sum(per_prompt), sum(p * p for p in per_prompt)
 
 

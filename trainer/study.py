@@ -1,12 +1,16 @@
-"""``make study``: every selection method of the trainer against plain GRPO, on one task, for the
-same step budget, measured by the compute each needs for the same held-out accuracy.
+"""``make study``: every selection method of the trainer against plain GRPO at equal compute.
 
-``python -m lze_trainer.study [--quick] [--seeds 0 1 2] [--methods grpo lze ...]`` runs each
-method with each seed under torchrun (the ``study`` preset: same B, G, learning rate, warm-up and
-steps for all; the same seed gives the same warm-up and, where the method allows, the same prompt
-order), one run after another, then writes the report (:mod:`lze_trainer.study_report`): a CSV of
-every step of every run, the plots and ``docs/study.md``. A finished run is not run again, so an
-interrupted study continues where it stopped; ``--report-only`` rewrites the report from the runs.
+``python -m lze_trainer.study [--quick] [--seeds 0 1 2] [--methods grpo lze ...]`` runs, seed by
+seed, plain GRPO for the ``study`` preset's step budget (evaluated at :data:`EVAL_POINTS` evenly
+spaced steps), then every other method until its cumulative FLOPs proxy reaches what plain GRPO
+spent on that seed (``trainer.flops_budget``), evaluated at the first step whose FLOPs cross each
+of plain GRPO's evaluation points (``trainer.eval_at_flops``): every held-out point has a partner
+at equal compute on the same seed (as the papers compare: the same compute, or the compute to
+the same accuracy). Same B, G, learning rate and warm-up for all; the same seed gives the same
+warm-up and, where the method allows, the same prompt order. Each run goes under torchrun, one
+after another; then the report (:mod:`lze_trainer.study_report`): a CSV of every step of every
+run, the plots and ``docs/study.md``. A finished run is not run again, so an interrupted study
+continues where it stopped; ``--report-only`` rewrites the report from the runs.
 
 ``--search`` runs the search for the best combination (plain GRPO and :data:`CANDIDATES` on
 :data:`SEARCH_SEEDS`, seeds the main table never reports) and writes its own report to
@@ -26,7 +30,7 @@ import time
 from pathlib import Path
 
 from .metrics import read_metrics
-from .study_report import quote_in_readme, read_best, write_report
+from .study_report import MARKDOWN_FILE, WALL_FILE, quote_in_readme, read_best, write_report
 
 # Method -> config overrides of the study preset. Every method of the trainer, and the best
 # combination found on seeds other than the reported ones (see docs/study.md).
@@ -67,8 +71,13 @@ SEARCH_SEEDS = [10]  # seeds of the search for "best" (never reported in the mai
 DOCS = Path("docs")  # the study's report
 SEARCH_DIR = "study_search"  # the search's report, next to the study's
 BASELINE = "grpo"
-WALL_FILE = "wall_seconds.txt"  # a finished run's whole wall time, start-up included
 PRESET = "study"
+# Plain GRPO's held-out points over its budget: every 1/12, so 25 % and 50 % of it are points.
+EVAL_POINTS = 12
+# Another method may run up to this many times plain GRPO's steps to spend the same FLOPs (the
+# cheapest per step spend about 0.45x of a GRPO step); a run that stops at the cap is reported
+# as having run short.
+STEP_CAP = 4
 # The quick pipeline check: a few steps from a short warm-up, on a small held-out set.
 QUICK_METHODS = ["grpo", "lze"]
 QUICK_OVERRIDES = ["trainer.total_steps=4", "trainer.eval_every=2", "sft_warmup.steps=30",
@@ -90,9 +99,25 @@ def run_dir(runs: Path, method: str, seed: int) -> Path:
     return runs / f"{method}-s{seed}"
 
 
-def is_finished(folder: Path, total_steps: int) -> bool:
-    return any(r.get("step") == total_steps and "timing_s/step" in r
-               for r in read_metrics(folder))
+def is_finished(folder: Path) -> bool:
+    """A run that ended cleanly (the study writes its wall time only then) and logged steps."""
+    return (folder / WALL_FILE).exists() and any("timing_s/step" in r
+                                                 for r in read_metrics(folder))
+
+
+def budget_of(baseline: Path) -> list[str]:
+    """The overrides that give a method plain GRPO's budget on this seed: the FLOPs its finished
+    run spent, and the FLOPs at each of its held-out points after step 0."""
+    rows = read_metrics(baseline)
+    points = [r["total/flops"] for r in rows
+              if r.get("step", 0) > 0 and "total/flops" in r
+              and any(k.startswith("eval/") for k in r)]
+    spent = [r["total/flops"] for r in rows if "total/flops" in r]
+    if not spent or not points:
+        raise SystemExit(f"study: {baseline} has no FLOPs or held-out points to take a budget "
+                         "from; rerun it")
+    return [f"trainer.flops_budget={spent[-1]!r}",
+            f"trainer.eval_at_flops=[{','.join(repr(p) for p in points)}]"]
 
 
 def launch(folder: Path, method: str, seed: int, extra: list[str], nproc: int) -> float:
@@ -144,24 +169,30 @@ def main(argv: list[str] | None = None) -> int:
         out = args.out or (runs / "report" if args.quick else DOCS)
     extra = list(QUICK_OVERRIDES) if args.quick else []
     if args.steps is not None:
-        extra.append(f"trainer.total_steps={args.steps}")
-    total_steps = _total_steps(extra)
+        extra += [f"trainer.total_steps={args.steps}",
+                  f"trainer.eval_every={max(args.steps // EVAL_POINTS, 1)}"]
+    methods = [BASELINE] + [m for m in methods if m != BASELINE]  # it sets everyone's budget
 
     if not args.report_only:
+        steps_cap = f"trainer.total_steps={STEP_CAP * _total_steps(extra)}"
         for seed in seeds:  # every method's seed 0 first: an interrupted study stays comparable
             for method in methods:
                 folder = run_dir(runs, method, seed)
-                if is_finished(folder, total_steps):
+                if is_finished(folder):
                     print(f"study: {folder} is finished, kept", flush=True)
                     continue
-                seconds = launch(folder, method, seed, extra, args.nproc)
+                budget = ([] if method == BASELINE else
+                          [*budget_of(run_dir(runs, BASELINE, seed)), steps_cap])
+                seconds = launch(folder, method, seed, extra + budget, args.nproc)
                 print(f"study: {method} seed {seed} done in {seconds / 60:.1f} min", flush=True)
-    report = write_report({m: [run_dir(runs, m, s) for s in seeds] for m in methods},
-                          BASELINE if BASELINE in methods else methods[0], out, quick=args.quick,
-                          best_note=not (args.quick or args.search),
+    main_study = not (args.quick or args.search)
+    search = ({"best": read_best(DOCS / SEARCH_DIR), "report": DOCS / SEARCH_DIR / MARKDOWN_FILE}
+              if main_study else None)
+    report = write_report({m: [run_dir(runs, m, s) for s in seeds] for m in methods}, BASELINE,
+                          out, quick=args.quick, search=search, overrides=ALL_METHODS,
                           candidates=list(CANDIDATES) if args.search else None)
     print(f"study: report {report}", flush=True)
-    if not (args.quick or args.search) and out == DOCS and Path("README.md").exists():
+    if main_study and out == DOCS and Path("README.md").exists():
         if quote_in_readme(report, Path("README.md")):
             print("study: README.md quotes the new tables", flush=True)
     return 0

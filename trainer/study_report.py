@@ -1,19 +1,24 @@
 """The study's report, computed from its runs' ``metrics.jsonl`` only (never written by hand).
 
+The protocol (:mod:`lze_trainer.study`): on each seed plain GRPO runs its step budget and is
+evaluated at ``K`` evenly spaced steps; every other method then runs until its cumulative FLOPs
+proxy reaches what plain GRPO spent on that seed, and is evaluated at the first step whose FLOPs
+cross each of plain GRPO's evaluation points. So the k-th held-out point of every run of a seed
+sits at (about) the same compute, and methods are compared there.
+
 * ``study_steps.csv``: one row per step of every run (compute, wall time, zero-variance shares,
   held-out accuracy where evaluated);
 * ``study_accuracy.png``: held-out accuracy (greedy and sampled) against the FLOPs proxy, the
   generated tokens and the wall time of the steps, mean over seeds with a min-max band;
 * ``study_zero_variance.png``: share of zero-variance groups among those generated and those
   trained on, per step;
-* ``study.md``: the task, the table and the plots, plain sentences where a method does not
-  help, and the training signal each method buys per step and per FLOP.
-
-Per method (means over seeds, evaluated steps aligned by step): the FLOPs and the step wall time to
-first reach plain GRPO's final held-out accuracy, as ratios to what plain GRPO needed to first
-reach it ("not reached" with the best accuracy and the FLOPs spent otherwise); the area under
-accuracy-vs-FLOPs over the FLOPs range every method spent, divided by that range (a mean
-accuracy); final accuracy with its standard error over seeds.
+* ``study.md``: per method and metric, accuracy at 25 %, 50 % and 100 % of the budget (mean ± SE
+  over seeds) with its paired difference to plain GRPO (per-seed differences, their mean ± SE);
+  the FLOPs and wall time to first reach 90 % of plain GRPO's gain (from the shared step-0
+  accuracy to plain GRPO's mean final) and to plain GRPO's final, as ratios to what plain GRPO
+  needed, the crossing interpolated linearly between held-out points, on the mean curves and per
+  seed; plain sentences where a method does not help; the training signal each method buys per
+  step and per FLOP.
 """
 
 from __future__ import annotations
@@ -33,7 +38,12 @@ METRICS = ("pass@1", "sampled_acc")
 METRIC_NAMES = {"pass@1": "greedy pass@1", "sampled_acc": "sampled accuracy"}
 CSV_FILE, MARKDOWN_FILE, BEST_FILE = "study_steps.csv", "study.md", "best.json"
 ACCURACY_PLOT, ZERO_VARIANCE_PLOT = "study_accuracy.png", "study_zero_variance.png"
+WALL_FILE = "wall_seconds.txt"  # a finished run's whole wall time, start-up included
 STEADY_SPREAD = 1.15  # plain GRPO's median step times over seeds may differ by 15 % at most
+BUDGET_FRACTIONS = (0.25, 0.5, 1.0)  # accuracy compared at these shares of the FLOPs budget
+GAIN_SHARE = 0.9  # the main target: this share of plain GRPO's gain over the budget
+GOAL_FLOPS, GOAL_WALL = 0.5, 0.6  # the study's goal: 90 % of the gain at most at these ratios
+COSTS = ("flops", "generated_tokens", "wall_s")
 COLUMNS = ("method", "seed", "step", "flops", "rollouts", "generated_tokens", "prefill_tokens",
            "update_tokens", "wall_s", "rollout_s", "update_s", "zero_variance_generated",
            "zero_variance_trained", "all_correct", "all_wrong", "trained_groups",
@@ -42,15 +52,28 @@ COLUMNS = ("method", "seed", "step", "flops", "rollouts", "generated_tokens", "p
 
 @dataclass
 class Curve:
-    """One method's held-out accuracy at its evaluated steps, mean (and range) over seeds, with
-    the mean cost spent by then."""
+    """One method's held-out accuracy per seed at its evaluation points (the k-th evaluation of
+    every seed aligned: under the study's protocol, at the same compute), with the compute spent
+    by each point."""
 
-    steps: list[int]
-    accuracy: list[float]
-    low: list[float]
-    high: list[float]
-    cost: dict[str, list[float]]  # "flops" | "generated_tokens" | "wall_s" -> per step
-    finals: list[float]  # each seed's final accuracy
+    seeds: list[int]
+    accuracy: list[list[float]]  # [seed][point]
+    cost: dict[str, list[list[float]]]  # "flops" | "generated_tokens" | "wall_s" -> [seed][point]
+
+    def mean(self) -> list[float]:
+        return [statistics.mean(v) for v in zip(*self.accuracy)]
+
+    def low(self) -> list[float]:
+        return [min(v) for v in zip(*self.accuracy)]
+
+    def high(self) -> list[float]:
+        return [max(v) for v in zip(*self.accuracy)]
+
+    def mean_cost(self, cost: str) -> list[float]:
+        return [statistics.mean(v) for v in zip(*self.cost[cost])]
+
+    def seed_index(self, seed: int) -> Optional[int]:
+        return self.seeds.index(seed) if seed in self.seeds else None
 
 
 def run_rows(method: str, seed: int, folder: Path) -> list[dict]:
@@ -90,94 +113,147 @@ def _mixed(groups: Optional[float], zero_variance: Optional[float]) -> Optional[
     return None if groups is None or zero_variance is None else groups - zero_variance
 
 
-def curve(rows_by_seed: list[list[dict]], metric: str) -> Optional[Curve]:
-    """Accuracy at the steps every seed evaluated, with costs carried over from the last step."""
-    per_seed = [{r["step"]: r for r in rows if r.get(metric) is not None} for rows in rows_by_seed]
-    per_seed = [p for p in per_seed if p]
-    if not per_seed:
+def curve(rows_by_seed: list[list[dict]], seeds: list[int], metric: str) -> Optional[Curve]:
+    """The evaluated rows of each seed, in order, aligned by their position (the common prefix
+    when a run stopped short of its last point)."""
+    evaluated = [([r for r in rows if r.get(metric) is not None], seed)
+                 for rows, seed in zip(rows_by_seed, seeds)]
+    evaluated = [(rows, seed) for rows, seed in evaluated if rows]
+    if not evaluated:
         return None
-    steps = sorted(set.intersection(*(set(p) for p in per_seed)))
-    values = [[p[s][metric] for p in per_seed] for s in steps]
-    cost = {key: [statistics.mean(p[s][key] for p in per_seed) for s in steps]
-            for key in ("flops", "generated_tokens", "wall_s")}
-    return Curve(steps, [statistics.mean(v) for v in values], [min(v) for v in values],
-                 [max(v) for v in values], cost, [p[max(p)][metric] for p in per_seed])
+    points = min(len(rows) for rows, _ in evaluated)
+    return Curve([seed for _, seed in evaluated],
+                 [[r[metric] for r in rows[:points]] for rows, _ in evaluated],
+                 {cost: [[r[cost] for r in rows[:points]] for rows, _ in evaluated]
+                  for cost in COSTS})
 
 
-def first_reach(c: Curve, target: float, cost: str) -> Optional[float]:
-    for accuracy, spent in zip(c.accuracy, c.cost[cost]):
-        if accuracy >= target - 1e-12:
-            return spent
+def crossing(accuracy: list[float], cost: list[float], target: float) -> Optional[float]:
+    """The compute at which ``accuracy`` first reaches ``target``, interpolated linearly between
+    the held-out points around the crossing (None: never reached)."""
+    for i, value in enumerate(accuracy):
+        if value >= target - 1e-12:
+            if i == 0:
+                return cost[0]
+            a0, c0 = accuracy[i - 1], cost[i - 1]
+            return c0 + (target - a0) / (value - a0) * (cost[i] - c0)
     return None
 
 
-def area_per_flop(c: Curve, flops_range: float) -> float:
-    """Mean accuracy over [0, flops_range] of FLOPs (trapezoids; the curve held flat past its
-    last point, which never happens when flops_range is the smallest total)."""
-    xs, ys = c.cost["flops"], c.accuracy
-    area = 0.0
-    for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
-        if x0 >= flops_range:
-            break
-        right = min(x1, flops_range)
-        y_right = y0 + (y1 - y0) * (right - x0) / (x1 - x0) if x1 > x0 else y1
-        area += (right - x0) * (y0 + y_right) / 2
-    return area / flops_range if flops_range > 0 else float("nan")
+def value_at(accuracy: list[float], cost: list[float], spent: float) -> Optional[float]:
+    """Accuracy at ``spent`` compute, interpolated linearly between held-out points (None: the
+    run stopped before it)."""
+    for i in range(1, len(cost)):
+        if cost[i] >= spent - 1e-9 * max(abs(spent), 1.0):
+            c0, c1 = cost[i - 1], cost[i]
+            weight = (spent - c0) / (c1 - c0) if c1 > c0 else 1.0
+            return accuracy[i - 1] + weight * (accuracy[i] - accuracy[i - 1])
+    return None
 
 
-def _standard_error(values: list[float]) -> float:
-    return statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else float("nan")
+def mean_se(values: list[float]) -> tuple[float, float]:
+    """Mean and standard error of the mean (NaN for one value)."""
+    se = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else math.nan
+    return statistics.mean(values), se
 
 
-def write_report(runs: dict[str, list[Path]], baseline: str, out: Path, quick: bool = False,
-                 best_note: bool = False, candidates: Optional[list[str]] = None) -> Path:
-    """The CSV, plots and markdown of ``runs`` into ``out``; ``best_note`` says how the best
-    combination was found (the main study's report); ``candidates`` (the search's report): pick
-    the best of them and write it to ``BEST_FILE``, which the main study reads."""
-    out.mkdir(parents=True, exist_ok=True)
-    rows = {m: [run_rows(m, _seed(f), f) for f in folders] for m, folders in runs.items()}
-    _write_csv(out / CSV_FILE, [r for per_method in rows.values() for rs in per_method for r in rs])
-    curves = {metric: {m: curve(rows[m], metric) for m in rows} for metric in METRICS}
-    _plot_accuracy(curves, out / ACCURACY_PLOT)
-    _plot_zero_variance(rows, out / ZERO_VARIANCE_PLOT)
-    table = table_rows(curves, baseline)
-    paired = {metric: paired_flops_ratios(rows, baseline, metric) for metric in METRICS}
-    for t in table:
-        t["paired_flops"] = paired[t["metric"]].get(t["method"], [])
-    best = pick_best(table, candidates, sorted({_seed(f) for fs in runs.values() for f in fs})) \
-        if candidates else None
-    if best is not None:
-        (out / BEST_FILE).write_text(json.dumps(best, indent=1) + "\n")
-    markdown = _markdown(rows, curves, table, baseline, runs, quick, out if best_note else None,
-                         best)
-    (out / MARKDOWN_FILE).write_text(markdown)
-    return out / MARKDOWN_FILE
+@dataclass
+class Targets:
+    """Plain GRPO's accuracy targets of one metric, on its mean curve and per seed."""
+
+    gain: float  # start + GAIN_SHARE x (final - start), mean curve
+    final: float  # plain GRPO's mean final
+    improved: bool  # plain GRPO ended above its start (else no ratio is defined)
+    per_seed: dict[int, tuple[float, float]]  # seed -> (gain target, final) of its own run
 
 
-def paired_flops_ratios(rows: dict[str, list[list[dict]]], baseline: str,
-                        metric: str) -> dict[str, list[Optional[float]]]:
-    """Per method, one FLOPs ratio per seed against plain GRPO's run of the same seed: the FLOPs
-    to first reach that run's final accuracy over what the run needed to first reach it (None:
-    not reached; NaN: that GRPO run ended at its starting accuracy). The table compares mean
-    curves; these show how far one seed moves a ratio on a curve that has flattened."""
-    base = {rs[0]["seed"]: curve([rs], metric) for rs in rows.get(baseline, []) if rs}
-    result: dict[str, list[Optional[float]]] = {}
-    for method, per_seed in rows.items():
-        for rs in per_seed:
-            b, c = (base.get(rs[0]["seed"]), curve([rs], metric)) if rs else (None, None)
-            if b is None or c is None:
+def targets(base: Curve) -> Targets:
+    mean = base.mean()
+    per_seed = {seed: (acc[0] + GAIN_SHARE * (acc[-1] - acc[0]), acc[-1])
+                for seed, acc in zip(base.seeds, base.accuracy)}
+    return Targets(mean[0] + GAIN_SHARE * (mean[-1] - mean[0]), mean[-1], mean[-1] > mean[0],
+                   per_seed)
+
+
+def ratio(spent: Optional[float], needed: Optional[float]) -> Optional[float]:
+    return None if spent is None or not needed else spent / needed
+
+
+def compute_to(c: Curve, base: Curve, target: float, cost: str) -> Optional[float]:
+    """Ratio of the compute the mean curve of ``c`` needs to first reach ``target`` to what plain
+    GRPO's mean curve needs."""
+    return ratio(crossing(c.mean(), c.mean_cost(cost), target),
+                 crossing(base.mean(), base.mean_cost(cost), target))
+
+
+def paired_compute_to(c: Curve, base: Curve, t: Targets, which: int) -> list[Optional[float]]:
+    """Per seed, the FLOPs ratio to the seed's own plain GRPO run's target (``which``: 0 the
+    gain target, 1 its final): NaN where that run never rose above its start."""
+    result = []
+    for seed, accuracy, flops in zip(c.seeds, c.accuracy, c.cost["flops"]):
+        b = base.seed_index(seed)
+        if b is None:
+            continue
+        target = t.per_seed[seed][which]
+        if base.accuracy[b][-1] <= base.accuracy[b][0]:
+            result.append(math.nan)
+            continue
+        result.append(ratio(crossing(accuracy, flops, target),
+                            crossing(base.accuracy[b], base.cost["flops"][b], target)))
+    return result
+
+
+def at_budget(c: Curve, base: Curve, fraction: float) -> Optional[dict]:
+    """Accuracy at ``fraction`` of each seed's budget (plain GRPO's FLOPs on that seed), mean ±
+    SE over seeds, and the paired difference to plain GRPO (None: a run stopped short)."""
+    mine, differences = [], []
+    for seed, accuracy, flops in zip(c.seeds, c.accuracy, c.cost["flops"]):
+        b = base.seed_index(seed)
+        if b is None:
+            continue
+        spent = fraction * base.cost["flops"][b][-1]
+        value = value_at(accuracy, flops, spent)
+        base_value = value_at(base.accuracy[b], base.cost["flops"][b], spent)
+        if value is None or base_value is None:
+            return None
+        mine.append(value)
+        differences.append(value - base_value)
+    if not mine:
+        return None
+    (mean, se), (diff, diff_se) = mean_se(mine), mean_se(differences)
+    return {"mean": mean, "se": se, "diff": diff, "diff_se": diff_se}
+
+
+def table_rows(curves: dict, baseline: str) -> list[dict]:
+    """Per method and metric: accuracy at shares of the budget, compute to GRPO's targets."""
+    result = []
+    for metric, by_method in curves.items():
+        base = by_method.get(baseline)
+        if base is None:
+            continue
+        t = targets(base)
+        for method, c in by_method.items():
+            if c is None:
                 continue
-            target = b.finals[0]
-            spent, needed = first_reach(c, target, "flops"), first_reach(b, target, "flops")
-            ratio = None if spent is None else spent / needed if needed else math.nan
-            result.setdefault(method, []).append(ratio)
+            result.append({
+                "metric": metric, "method": method, "targets": t,
+                "at": {f: at_budget(c, base, f) for f in BUDGET_FRACTIONS},
+                "gain_flops": compute_to(c, base, t.gain, "flops"),
+                "gain_wall": compute_to(c, base, t.gain, "wall_s"),
+                "gain_paired": paired_compute_to(c, base, t, 0),
+                "final_flops": compute_to(c, base, t.final, "flops"),
+                "final_wall": compute_to(c, base, t.final, "wall_s"),
+                "final_paired": paired_compute_to(c, base, t, 1),
+                "best": max(c.mean()), "flops_spent": c.mean_cost("flops")[-1],
+                "seeds": len(c.seeds)})
     return result
 
 
 def pick_best(table: list[dict], candidates: list[str], seeds: list[int]) -> Optional[dict]:
     """The candidate whose worst ratio to plain GRPO (the largest of its FLOPs and wall-time
-    ratios on both metrics; "not reached" counts as infinite) is smallest; ties, and the case
-    where none reached both, go to the larger mean area / FLOP. None without candidates."""
+    ratios to 90 % of GRPO's gain, on both metrics; not reached counts as infinite) is smallest;
+    ties, and the case where none reached both, go to the larger mean paired difference at the
+    full budget. None without candidates."""
     by_method: dict[str, list[dict]] = {}
     for t in table:
         if t["method"] in candidates:
@@ -186,17 +262,81 @@ def pick_best(table: list[dict], candidates: list[str], seeds: list[int]) -> Opt
         return None
 
     def worst(method: str) -> float:
-        ratios = [t[k] for t in by_method[method] for k in ("flops_ratio", "wall_ratio")]
+        ratios = [t[k] for t in by_method[method] for k in ("gain_flops", "gain_wall")]
         return math.inf if None in ratios else max(ratios)
 
-    def area(method: str) -> float:
-        return statistics.mean(t["area"] for t in by_method[method])
+    def lead(method: str) -> float:
+        ends = [t["at"][1.0] for t in by_method[method]]
+        return statistics.mean(e["diff"] for e in ends) if None not in ends else -math.inf
 
-    method = min(by_method, key=lambda m: (worst(m), -area(m)))
+    method = min(by_method, key=lambda m: (worst(m), -lead(m)))
     return {"method": method, "worst_ratio": None if math.isinf(worst(method)) else worst(method),
-            "ratios": {t["metric"]: {"flops": t["flops_ratio"], "wall": t["wall_ratio"]}
+            "ratios": {t["metric"]: {"flops": t["gain_flops"], "wall": t["gain_wall"]}
                        for t in by_method[method]},
             "candidates": list(by_method), "seeds": seeds}
+
+
+def goal_verdict(table: list[dict], method: str) -> Optional[str]:
+    """Whether ``method`` meets the study's goal: 90 % of plain GRPO's gain with at most
+    GOAL_FLOPS of its FLOPs and GOAL_WALL of its wall time on both metrics, and at the full
+    budget above plain GRPO by at least two standard errors of the paired differences."""
+    rows = [t for t in table if t["method"] == method]
+    if len(rows) != len(METRICS):
+        return None
+    misses = []
+    for t in rows:
+        name = METRIC_NAMES[t["metric"]]
+        flops, wall, end = t["gain_flops"], t["gain_wall"], t["at"][1.0]
+        if flops is None or wall is None:
+            misses.append(f"it does not reach 90 % of the gain on {name}")
+        elif flops > GOAL_FLOPS or wall > GOAL_WALL:
+            misses.append(f"on {name} it needs {flops:.2f}x the FLOPs and {wall:.2f}x the wall "
+                          "time")
+        if end is None or not end["diff"] > 0 or not end["diff"] >= 2 * end["diff_se"]:
+            misses.append(f"at the full budget its {name} is "
+                          + ("not measured" if end is None else
+                             f"{_signed(end['diff'])} ± {_se(end['diff_se'])} against plain "
+                             "GRPO's (paired), not two SE above"))
+    head = (f"**Goal** (the best method reaches 90 % of plain GRPO's gain with at most "
+            f"{GOAL_FLOPS}x its FLOPs and {GOAL_WALL}x its wall time on both metrics, and ends "
+            "above it by at least two SE of the paired differences): ")
+    return head + ("**met** by `" + method + "`." if not misses else
+                   f"**not met** by `{method}`: " + "; ".join(misses) + ".")
+
+
+def write_report(runs: dict[str, list[Path]], baseline: str, out: Path, quick: bool = False,
+                 search: Optional[dict] = None, overrides: Optional[dict[str, list[str]]] = None,
+                 candidates: Optional[list[str]] = None) -> Path:
+    """The CSV, plots and markdown of ``runs`` into ``out``. ``search`` (the main study's
+    report): the search's pick and report path, for the note on how the best combination was
+    found; ``overrides``: each method's config overrides, quoted there; ``candidates`` (the
+    search's report): pick the best of them and write it to ``BEST_FILE``."""
+    out.mkdir(parents=True, exist_ok=True)
+    seeds = {m: [_seed(f) for f in folders] for m, folders in runs.items()}
+    rows = {m: [run_rows(m, s, f) for s, f in zip(seeds[m], folders)]
+            for m, folders in runs.items()}
+    _write_csv(out / CSV_FILE, [r for per_method in rows.values() for rs in per_method for r in rs])
+    curves = {metric: {m: curve(rows[m], seeds[m], metric) for m in rows} for metric in METRICS}
+    _plot_accuracy(curves, baseline, out / ACCURACY_PLOT)
+    _plot_zero_variance(rows, baseline, out / ZERO_VARIANCE_PLOT)
+    table = table_rows(curves, baseline)
+    best = pick_best(table, candidates, sorted({s for ss in seeds.values() for s in ss})) \
+        if candidates else None
+    if best is not None:
+        (out / BEST_FILE).write_text(json.dumps(best, indent=1) + "\n")
+    lines = _header(quick) + _setup_lines(rows, runs, baseline)
+    if search is not None and search.get("best"):
+        lines += _best_line(search["best"], Path(os.path.relpath(search["report"], out)),
+                            overrides or {})
+    if best is not None:
+        lines += _picked_line(best)
+    lines += _tables(table) + ["## What the numbers say", ""] + _verdicts(table, baseline)
+    pick = (search or {}).get("best") or best
+    goal = goal_verdict(table, pick["method"]) if pick else None
+    lines += ["", goal, ""] if goal else [""]
+    lines += _signal_lines(rows, baseline) + _closing_lines()
+    (out / MARKDOWN_FILE).write_text("\n".join(lines))
+    return out / MARKDOWN_FILE
 
 
 def read_best(search: Path) -> Optional[dict]:
@@ -209,7 +349,7 @@ README_BEGIN, README_END = "<!-- study tables: begin -->", "<!-- study tables: e
 
 
 def quote_in_readme(report: Path, readme: Path) -> bool:
-    """Copy the report's two tables between the README's markers (the README quotes the main
+    """Copy the report's tables between the README's markers (the README quotes the main
     table, generated, never typed); False when the README has no markers."""
     text = readme.read_text()
     if README_BEGIN not in text or README_END not in text:
@@ -235,79 +375,96 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
             writer.writerow({k: ("" if row.get(k) is None else row[k]) for k in COLUMNS})
 
 
-# ---------------------------------------------------------------------- the table
+# ---------------------------------------------------------------------- the markdown
 
-def table_rows(curves: dict, baseline: str) -> list[dict]:
-    """Per method and metric: the ratios to plain GRPO, area, final accuracy."""
-    result = []
-    for metric, by_method in curves.items():
-        base = by_method.get(baseline)
-        if base is None:
-            continue
-        target = statistics.mean(base.finals)
-        flops_range = min(c.cost["flops"][-1] for c in by_method.values() if c)
-        base_flops = first_reach(base, target, "flops")
-        base_wall = first_reach(base, target, "wall_s")
-        for method, c in by_method.items():
-            if c is None:
-                continue
-            flops, wall = first_reach(c, target, "flops"), first_reach(c, target, "wall_s")
-            result.append({
-                "metric": metric, "method": method, "target": target,
-                "baseline_improved": bool(base_flops),
-                "flops_ratio": flops / base_flops if flops is not None and base_flops else None,
-                "wall_ratio": wall / base_wall if wall is not None and base_wall else None,
-                "best": max(c.accuracy), "flops_spent": c.cost["flops"][-1],
-                "area": area_per_flop(c, flops_range),
-                "final": statistics.mean(c.finals), "final_se": _standard_error(c.finals),
-                "seeds": len(c.finals)})
-    return result
+def _header(quick: bool) -> list[str]:
+    return ["# Selection methods against plain GRPO at equal compute", "",
+            "Generated by `make study` (`python -m lze_trainer.study`) from the runs' metrics; "
+            "do not edit by hand." + (" **Quick pipeline check (`QUICK=1`): a few steps, not "
+                                      "a result.**" if quick else ""), ""]
 
 
-def _markdown(rows, curves, table: list[dict], baseline: str, runs: dict[str, list[Path]],
-              quick: bool, best_note_from: Path | None, picked: Optional[dict]) -> str:
-    """The report; ``best_note_from``: its folder, to link the search from (None: no note);
-    ``picked``: the search's pick among its candidates (None: not a search)."""
-    lines = ["# Selection methods against plain GRPO: compute for the same held-out accuracy", "",
-             "Generated by `make study` (`python -m lze_trainer.study`) from the runs' metrics; "
-             "do not edit by hand." + (" **Quick pipeline check (`QUICK=1`): a few steps, not "
-                                       "a result.**" if quick else ""), ""]
-    lines += _setup_lines(rows, runs, baseline)
-    lines += _best_line(best_note_from) if best_note_from else []
-    lines += _picked_line(picked) if picked else []
+def _tables(table: list[dict]) -> list[str]:
+    lines = []
     for metric in METRICS:
+        rows = [t for t in table if t["metric"] == metric]
+        if not rows:
+            continue
+        t0 = rows[0]["targets"]
         lines += [f"## Held-out {METRIC_NAMES[metric]}", "",
-                  "| method | FLOPs to reach GRPO's final (ratio) | step wall time to reach it "
-                  "(ratio) | best | FLOPs spent | area / FLOP | final ± SE (seeds) |",
-                  "|---|---:|---:|---:|---:|---:|---:|"]
-        for t in (t for t in table if t["metric"] == metric):
-            lines.append(
-                f"| {t['method']} | {_ratio(t['flops_ratio'], t)} | {_ratio(t['wall_ratio'], t)} "
-                f"| {t['best']:.3f} | {t['flops_spent']:.3g} | {t['area']:.3f} "
-                f"| {t['final']:.3f} ± {_se(t['final_se'])} ({t['seeds']}) |")
+                  f"Accuracy at equal compute: mean ± SE over seeds, and the paired difference "
+                  f"to plain GRPO at the same FLOPs on the same seed (mean ± SE of the per-seed "
+                  f"differences). Plain GRPO's mean final: {t0.final:.3f}; 90 % of its gain: "
+                  f"{t0.gain:.3f}.", "",
+                  "| method | 25 % of the budget | vs GRPO | 50 % | vs GRPO | 100 % | vs GRPO "
+                  "| FLOPs to 90 % of GRPO's gain (per seed) | wall time to it | FLOPs to "
+                  "GRPO's final (per seed) | wall time to it |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for t in rows:
+            cells = []
+            for f in BUDGET_FRACTIONS:
+                a = t["at"][f]
+                cells += (["ran short", "-"] if a is None else
+                          [f"{a['mean']:.3f} ± {_se(a['se'])}",
+                           f"{_signed(a['diff'])} ± {_se(a['diff_se'])}"])
+            cells += [_ratio(t["gain_flops"], t) + _per_seed(t["gain_paired"]),
+                      _ratio(t["gain_wall"], t),
+                      _ratio(t["final_flops"], t) + _per_seed(t["final_paired"]),
+                      _ratio(t["final_wall"], t)]
+            lines.append(f"| {t['method']} ({t['seeds']}) | " + " | ".join(cells) + " |")
         lines.append("")
-    lines += ["## What the numbers say", ""] + _verdicts(table, baseline) + [""]
-    lines += _signal_lines(rows, baseline)
-    lines += ["## Plots", "", f"![held-out accuracy against compute]({ACCURACY_PLOT})", "",
-              f"![zero-variance groups generated and trained on]({ZERO_VARIANCE_PLOT})", "",
-              "## How it is measured", "",
-              "FLOPs proxy with P parameters: 2P per prefill and generated token (reference sets "
-              "and screening included), 2P per token of every extra forward pass (old log-probs, "
-              "entropy prefill, embeddings), 6P per update token: every token of a trained "
-              "sequence, prompt included, which the update's forward and backward run through "
-              "(`lze_trainer.compute`). Wall time is the sum of the training steps' time "
-              "(evaluation and start-up excluded). "
-              "Ratios compare the compute at the first evaluated step where a method's mean "
-              "accuracy over seeds reaches plain GRPO's mean final accuracy with what plain GRPO "
-              "needed to first reach it. Area / FLOP is the mean accuracy over the FLOPs range "
-              "every method spent. Every step of every run is in "
-              f"[`{CSV_FILE}`]({CSV_FILE}).", ""]
-    return "\n".join(lines)
+    return lines
+
+
+def _verdicts(table: list[dict], baseline: str) -> list[str]:
+    """A plain sentence per method and metric: where it saves compute, and where it does not."""
+    lines = []
+    for t in table:
+        if t["method"] == baseline:
+            continue
+        name, metric, end = t["method"], METRIC_NAMES[t["metric"]], t["at"][1.0]
+        if not t["targets"].improved:
+            lines.append(f"- Plain GRPO's {metric} never rose above its start, so no ratio is "
+                         f"defined for {name}.")
+            continue
+        flops = t["gain_flops"]
+        if flops is None:
+            text = (f"- {name} does not help on {metric}: it never reached 90 % of plain GRPO's "
+                    f"gain ({t['targets'].gain:.3f}; its best {t['best']:.3f})")
+        elif flops >= 1:
+            text = (f"- {name} does not save compute on {metric}: it needed {flops:.2f}x plain "
+                    "GRPO's FLOPs to reach 90 % of its gain")
+        else:
+            text = (f"- {name} reached 90 % of plain GRPO's gain on {metric} with {flops:.2f}x "
+                    f"its FLOPs and {_ratio(t['gain_wall'])} its wall time")
+        if end is not None:
+            text += (f"; at the full budget it is {_signed(end['diff'])} ± {_se(end['diff_se'])} "
+                     "against plain GRPO (paired)")
+            if end["diff"] + 2 * _finite(end["diff_se"]) < 0:
+                text += ", below it"
+        lines.append(text + ".")
+    return lines or ["- Only the baseline ran."]
+
+
+def _closing_lines() -> list[str]:
+    return ["## Plots", "", f"![held-out accuracy against compute]({ACCURACY_PLOT})", "",
+            f"![zero-variance groups generated and trained on]({ZERO_VARIANCE_PLOT})", "",
+            "## How it is measured", "",
+            "FLOPs proxy with P parameters: 2P per prefill and generated token (reference sets "
+            "and screening included), 2P per token of every extra forward pass (old log-probs, "
+            "entropy prefill, embeddings), 6P per update token: every token of a trained "
+            "sequence, prompt included, which the update's forward and backward run through "
+            "(`lze_trainer.compute`). Wall time is the sum of the training steps' time "
+            "(evaluation and start-up excluded). On each seed every method runs until its FLOPs "
+            "reach what plain GRPO spent on that seed, and is evaluated at the first step whose "
+            "FLOPs cross each of plain GRPO's evaluation points. Compute to a target is "
+            "interpolated linearly between the two held-out points around the first crossing, on "
+            "the mean curves over seeds (the ratio) and on each seed's run against plain GRPO's "
+            "run of the same seed (in brackets); accuracy at a share of the budget likewise. "
+            f"Every step of every run is in [`{CSV_FILE}`]({CSV_FILE}).", ""]
 
 
 def _setup_lines(rows, runs: dict[str, list[Path]], baseline: str) -> list[str]:
-    from .study import WALL_FILE
-
     # The task's spread as plain GRPO meets it (forward selection changes what a step generates).
     first = [rs[1] for rs in rows.get(baseline, []) if len(rs) > 1]
     walls = [float((f / WALL_FILE).read_text()) for folders in runs.values() for f in folders
@@ -315,14 +472,20 @@ def _setup_lines(rows, runs: dict[str, list[Path]], baseline: str) -> list[str]:
     seeds = sorted({sum(1 for r in per if r) for per in rows.values()})
     seeds_text = (f"{seeds[0]}" if len(seeds) == 1 else
                   f"{seeds[0]} to {seeds[-1]} (each row says how many)")
-    lines = [f"Methods: {', '.join(runs)}; seeds per method: {seeds_text}; steps per run: "
-             f"{max((r[-1]['step'] for per in rows.values() for r in per if r), default=0)}."]
+    base_runs = [rs for rs in rows.get(baseline, []) if rs]
+    lines = [f"Methods: {', '.join(runs)}; seeds per method: {seeds_text}."]
+    if base_runs:
+        budget = statistics.mean(rs[-1]["flops"] for rs in base_runs)
+        lines.append(f"Budget: plain GRPO's {base_runs[0][-1]['step']} steps, "
+                     f"{budget:.3g} FLOPs (mean over its seeds); every other method runs until "
+                     "it has spent what plain GRPO spent on the same seed.")
     if first:
         share = {k: statistics.mean(r[k] or 0.0 for r in first)
                  for k in ("zero_variance_generated", "all_correct", "all_wrong")}
         lines.append(f"At the first GRPO step {100 * share['zero_variance_generated']:.0f} % of "
                      f"the groups had zero reward variance ({100 * share['all_correct']:.0f} % "
-                     f"all right, {100 * share['all_wrong']:.0f} % all wrong; mean over its seeds).")
+                     f"all right, {100 * share['all_wrong']:.0f} % all wrong; mean over its "
+                     "seeds).")
     if walls:
         lines.append(f"The runs took {sum(walls) / 60:.0f} min in all on this machine "
                      f"({len(walls)} runs, start-up and evaluation included).")
@@ -374,11 +537,11 @@ def _signal_lines(rows: dict[str, list[list[dict]]], baseline: str) -> list[str]
              "policy gradient: it only enlarges the loss's token count, a scale that Adam's "
              "normalisation and the gradient clip undo. At the same learning rate a step moves "
              "the policy by a similar amount whatever it trains on, and the groups with mixed "
-             "rewards set its direction. A method can save compute at this step budget only "
-             "when it trains on as many of them per step as plain GRPO for fewer FLOPs (then it "
-             "follows plain GRPO's curve at a lower cost, and reaches GRPO's final before the "
-             "last step only where that curve has flattened), or on more of them per step. "
-             "Replayed groups count here, although an older policy generated them.", "",
+             "rewards set its direction. At equal compute, a method that trains on as many of "
+             "them per step as plain GRPO for fewer FLOPs takes more steps within the same "
+             "budget, so it can get ahead of plain GRPO's curve; the mixed groups per FLOP say "
+             "by how much at most. Replayed groups count here, although an older policy "
+             "generated them.", "",
              "| method | FLOPs per step (x GRPO) | groups trained per step | with mixed rewards "
              "| mixed groups per step (x GRPO) | mixed groups per FLOP (x GRPO) |",
              "|---|---:|---:|---:|---:|---:|"]
@@ -392,29 +555,24 @@ def _signal_lines(rows: dict[str, list[list[dict]]], baseline: str) -> list[str]
     return lines + [""]
 
 
-def _best_line(out: Path) -> list[str]:
-    """How the best combination was found (on seeds the table does not report), linked from a
-    report in ``out``; nothing before a search."""
-    from .study import ALL_METHODS, DOCS, SEARCH_DIR
-
-    best = read_best(DOCS / SEARCH_DIR)
-    if best is None:
-        return []
-    search = Path(os.path.relpath(DOCS / SEARCH_DIR / MARKDOWN_FILE, out)).as_posix()
+def _best_line(best: dict, search_link: Path, overrides: dict[str, list[str]]) -> list[str]:
+    """How the best combination was found (on seeds the table does not report)."""
     others = [c for c in best["candidates"] if c != best["method"]]
     seeds = ", ".join(map(str, best["seeds"]))
-    return [f"The best combination found is `{best['method']}` "
-            f"(`{' '.join(ALL_METHODS[best['method']])}`), picked by code from the search on "
-            f"seed {seeds}, which this table does not report: among "
-            f"{', '.join(f'`{c}`' for c in best['candidates'])} it had the smallest worst ratio "
-            f"to plain GRPO there ({_ratios_text(best)}); {', '.join(f'`{c}`' for c in others)} "
-            f"did worse (see [the search]({search})).", ""]
+    setting = " ".join(overrides.get(best["method"], []))
+    return [f"The best combination found is `{best['method']}`"
+            + (f" (`{setting}`)" if setting else "")
+            + f", picked by code from the search on seed {seeds}, which this table does not "
+            f"report: among {', '.join(f'`{c}`' for c in best['candidates'])} it had the "
+            f"smallest worst ratio to plain GRPO there ({_ratios_text(best)}); "
+            f"{', '.join(f'`{c}`' for c in others) or 'no other'} did worse (see "
+            f"[the search]({search_link.as_posix()})).", ""]
 
 
 def _picked_line(best: dict) -> list[str]:
     return [f"Picked as the best combination (the smallest worst ratio to plain GRPO, FLOPs and "
-            f"wall time on both metrics): `{best['method']}` ({_ratios_text(best)}); the main "
-            f"study runs it on its seeds.", ""]
+            f"wall time to 90 % of its gain on both metrics): `{best['method']}` "
+            f"({_ratios_text(best)}); the main study runs it on its seeds.", ""]
 
 
 def _ratios_text(best: dict) -> str:
@@ -423,35 +581,20 @@ def _ratios_text(best: dict) -> str:
                      for m, r in best["ratios"].items())
 
 
-def _verdicts(table: list[dict], baseline: str) -> list[str]:
-    lines = []
-    for t in table:
-        if t["method"] == baseline:
-            continue
-        name, metric = t["method"], METRIC_NAMES[t["metric"]]
-        if not t["baseline_improved"]:
-            lines.append(f"- Plain GRPO's {metric} never rose above its starting value, so no "
-                         f"ratio is defined for {name} (best {t['best']:.3f}).")
-        elif t["flops_ratio"] is None:
-            lines.append(f"- {name} did not reach plain GRPO's final {metric} ({t['target']:.3f}); "
-                         f"its best was {t['best']:.3f} after {t['flops_spent']:.3g} FLOPs.")
-        elif t["flops_ratio"] >= 1:
-            lines.append(f"- {name} does not save compute on {metric}: it needed "
-                         f"{t['flops_ratio']:.2f}x plain GRPO's FLOPs to reach its final "
-                         "accuracy.")
-        else:
-            lines.append(f"- {name} reached plain GRPO's final {metric} with "
-                         f"{t['flops_ratio']:.2f}x its FLOPs and {_ratio(t['wall_ratio'])} its "
-                         "step wall time.")
-        paired = t.get("paired_flops", [])
-        if t["baseline_improved"] and len(paired) > 1 and any(r is not None for r in paired):
-            lines[-1] += (" Per seed, against plain GRPO's run of the same seed: "
-                          f"{', '.join(_paired(r) for r in paired)} its FLOPs.")
-    return lines or ["- Only the baseline ran."]
+def _per_seed(ratios: list[Optional[float]]) -> str:
+    return f" ({', '.join(_paired(r) for r in ratios)})" if len(ratios) > 1 else ""
 
 
-def _paired(ratio: Optional[float]) -> str:
-    return "not reached" if ratio is None else "n/a" if math.isnan(ratio) else f"{ratio:.2f}x"
+def _paired(value: Optional[float]) -> str:
+    return "not reached" if value is None else "n/a" if math.isnan(value) else f"{value:.2f}x"
+
+
+def _finite(value: float) -> float:
+    return 0.0 if math.isnan(value) else value
+
+
+def _signed(value: float) -> str:
+    return f"{value:+.3f}"
 
 
 def _se(value: float) -> str:
@@ -459,14 +602,31 @@ def _se(value: float) -> str:
 
 
 def _ratio(value: Optional[float], row: Optional[dict] = None) -> str:
-    if row is not None and not row["baseline_improved"]:
+    if row is not None and not row["targets"].improved:
         return "n/a (GRPO never beat its start)"
     return "not reached" if value is None else f"{value:.2f}x"
 
 
 # ---------------------------------------------------------------------- plots
 
-def _plot_accuracy(curves: dict, path: Path) -> None:
+MARKERS = "osD^vP*Xh<>p"
+
+
+def _styles(methods: list[str], baseline: str) -> dict[str, dict]:
+    """Every method its own colour and marker; plain GRPO a thick black line drawn on top."""
+    import matplotlib
+
+    palette = matplotlib.colormaps["tab10"].colors + matplotlib.colormaps["Dark2"].colors
+    others = [m for m in methods if m != baseline]
+    styles = {m: {"color": palette[k % len(palette)], "marker": MARKERS[k % len(MARKERS)],
+                  "linewidth": 1.3, "markersize": 4, "zorder": 2}
+              for k, m in enumerate(others)}
+    styles[baseline] = {"color": "black", "marker": "o", "linewidth": 2.8, "markersize": 5,
+                        "zorder": 5}
+    return styles
+
+
+def _plot_accuracy(curves: dict, baseline: str, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -474,35 +634,39 @@ def _plot_accuracy(curves: dict, path: Path) -> None:
 
     costs = [("flops", "FLOPs proxy"), ("generated_tokens", "generated tokens"),
              ("wall_s", "step wall time (s)")]
-    fig, axes = plt.subplots(len(METRICS), len(costs), figsize=(16, 8.5), squeeze=False)
+    styles = _styles(list(curves[METRICS[0]]), baseline)
+    fig, axes = plt.subplots(len(METRICS), len(costs), figsize=(17, 9), squeeze=False)
     for i, metric in enumerate(METRICS):
         for j, (cost, label) in enumerate(costs):
             ax = axes[i][j]
-            for k, (method, c) in enumerate(curves[metric].items()):
+            for method, c in curves[metric].items():
                 if c is None:
                     continue
-                ax.plot(c.cost[cost], c.accuracy, color=f"C{k % 10}",
-                        linestyle="-" if k < 10 else "--", marker=".", label=method)
-                ax.fill_between(c.cost[cost], c.low, c.high, color=f"C{k % 10}", alpha=0.15)
+                x = c.mean_cost(cost)
+                ax.plot(x, c.mean(), label=method, **styles[method])
+                ax.fill_between(x, c.low(), c.high(), color=styles[method]["color"], alpha=0.12,
+                                zorder=styles[method]["zorder"] - 1)
             ax.set(xlabel=label, ylabel=f"held-out {METRIC_NAMES[metric]}")
             # Hundreds of thousands of tokens as 1e5 ticks: full numbers overlap at this width.
             ax.ticklabel_format(axis="x", style="sci", scilimits=(-3, 4))
             ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=7)
-    fig.suptitle("held-out accuracy against compute (mean over seeds, band: min-max)")
+    axes[0][0].legend(fontsize=7, ncol=2)
+    fig.suptitle("held-out accuracy against compute at equal budgets (mean over seeds, band: "
+                 "min-max; plain GRPO in black)")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
-def _plot_zero_variance(rows: dict, path: Path) -> None:
+def _plot_zero_variance(rows: dict, baseline: str, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    styles = _styles(list(rows), baseline)
     fig, axes = plt.subplots(1, 2, figsize=(14, 4.5))
-    for k, (method, per_seed) in enumerate(rows.items()):
+    for method, per_seed in rows.items():
         for ax, key in zip(axes, ("zero_variance_generated", "zero_variance_trained")):
             by_step: dict[int, list[float]] = {}
             for rs in per_seed:
@@ -511,14 +675,15 @@ def _plot_zero_variance(rows: dict, path: Path) -> None:
                         by_step.setdefault(r["step"], []).append(r[key])
             if by_step:
                 steps = sorted(by_step)
-                ax.plot(steps, [statistics.mean(by_step[s]) for s in steps], color=f"C{k % 10}",
-                        linestyle="-" if k < 10 else "--", label=method, alpha=0.85)
+                style = {**styles[method], "marker": None}
+                ax.plot(steps, [statistics.mean(by_step[s]) for s in steps], label=method,
+                        alpha=0.85, **style)
     axes[0].set(title="zero-variance share of the groups generated", xlabel="step")
     axes[1].set(title="zero-variance share of the groups trained on", xlabel="step")
     for ax in axes:
         ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7)
+    axes[0].legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -158,26 +158,47 @@ class GRPOTrainer:
         if self.resume_from is None:
             self._evaluate_and_log()
         self.metrics.start_clock()
-        while self.step < cfg.total_steps:
+        while not self.finished:
+            spent_before = self.ledger.totals["flops"]
             step_metrics = self.train_step()
             self.step += 1
             if self.step == 1:
                 self.metrics.write(_zero_variance_line(step_metrics))
             stop = D.any_rank(self.stop_requested) or self.step == cfg.stop_after_steps
-            evaluated = bool(self.eval_sets) and (self._due(cfg.eval_every)
-                                                  or self.step == cfg.total_steps)
+            if self.finished and cfg.flops_budget is not None:
+                self.metrics.write(f"FLOPs budget {cfg.flops_budget:.4g} reached at step "
+                                   f"{self.step} ({self.ledger.totals['flops']:.4g} spent)")
+            evaluated = bool(self.eval_sets) and (self._eval_due(spent_before) or self.finished)
             if evaluated:
                 step_metrics.update(self._evaluate())
                 self.metrics.write(_eval_line(self.step, step_metrics))
             if evaluated or self._due(cfg.log_every):
                 self.metrics.log(self.step, step_metrics)
             self.metrics.advance(self.step, step_metrics)
-            if self._due(cfg.save_every) or self.step == cfg.total_steps or stop:
+            if self._due(cfg.save_every) or self.finished or stop:
                 self._save()
-            if stop:
+            if stop and not self.finished:
                 self.metrics.write(f"stopping after step {self.step} (checkpoint saved)")
                 break
         self._finish()
+
+    @property
+    def finished(self) -> bool:
+        """The run is done: its step cap, or its FLOPs budget (the same on every rank: the
+        ledger's totals are reduced over ranks)."""
+        budget = self.cfg.trainer.flops_budget
+        return (self.step >= self.cfg.trainer.total_steps
+                or (budget is not None and self.ledger.totals["flops"] >= budget))
+
+    def _eval_due(self, spent_before: float) -> bool:
+        """Held-out evaluation after this step: every ``eval_every`` steps, or, with
+        ``eval_at_flops``, when this step's FLOPs crossed one of its points (so runs of different
+        cost per step are evaluated at the same compute)."""
+        points = self.cfg.trainer.eval_at_flops
+        if not points:
+            return self._due(self.cfg.trainer.eval_every)
+        spent = self.ledger.totals["flops"]
+        return any(spent_before < point <= spent for point in points)
 
     def train_step(self) -> dict[str, float]:
         """One step, phase by phase; the method decides what each phase rolls out and keeps
@@ -386,7 +407,7 @@ class GRPOTrainer:
         return int(self.resume_from.name.split("_")[1]) if self.resume_from else None
 
     def _finish(self) -> None:
-        if self.step == self.cfg.trainer.total_steps and self.cfg.trainer.save_hf_model:
+        if self.finished and self.cfg.trainer.save_hf_model:
             self.actor.save_pretrained(str(self.run_dir / "hf_model"), self.tokenizer)
         self.scorer.close()
         D.barrier()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Iterable, Protocol, Sequence
+from typing import Iterable, Protocol, Sequence, Union
 
 import numpy as np
 import torch
@@ -27,10 +27,25 @@ class SamplingSpec:
     max_new_tokens: int
 
 
+Specs = Union[SamplingSpec, Sequence[SamplingSpec]]
+
+
+def per_prompt(spec: Specs, n: int) -> list[SamplingSpec]:
+    """One sampling spec per prompt: a single spec serves all ``n``."""
+    if isinstance(spec, SamplingSpec):
+        return [spec] * n
+    if len(spec) != n:
+        raise ValueError(f"spec: expected one SamplingSpec or {n} (one per prompt), "
+                         f"got {len(spec)}")
+    return list(spec)
+
+
 class RolloutEngine(Protocol):
-    def generate(self, prompts: Sequence[list[int]], counts: Sequence[int], spec: SamplingSpec,
+    def generate(self, prompts: Sequence[list[int]], counts: Sequence[int], spec: Specs,
                  seed: int) -> list[list[Completion]]:
-        """``counts[i]`` responses to ``prompts[i]`` (0 allowed), reproducible for a seed."""
+        """``counts[i]`` responses to ``prompts[i]`` (0 allowed) sampled with ``spec`` (one for
+        all prompts, or one per prompt: e.g. greedy and sampled held-out passes in one call),
+        reproducible for a seed."""
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Take the actor's current weights (full tensors, Hugging Face names)."""

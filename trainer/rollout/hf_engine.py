@@ -10,11 +10,12 @@ by :class:`SampledLogProbs` at each step: nothing keeps every step's scores
 
 from __future__ import annotations
 
+import itertools
 from typing import Iterable, Sequence
 
 import torch
 
-from .base import Completion, SamplingSpec, reseed
+from .base import Completion, SamplingSpec, Specs, per_prompt, reseed
 
 _ROWS_PER_CALL = 64  # sequences per generate() call: bounds the padded KV cache
 
@@ -37,14 +38,18 @@ class HFEngine:
             self.pad_id = min(self.eos_ids)
 
     @torch.no_grad()
-    def generate(self, prompts: Sequence[list[int]], counts: Sequence[int], spec: SamplingSpec,
+    def generate(self, prompts: Sequence[list[int]], counts: Sequence[int], spec: Specs,
                  seed: int) -> list[list[Completion]]:
+        specs = per_prompt(spec, len(prompts))
         rows = [i for i, n in enumerate(counts) for _ in range(n)]
         reseed(seed)
         completions: list[Completion] = []
-        for start in range(0, len(rows), _ROWS_PER_CALL):
-            chunk = [prompts[i] for i in rows[start:start + _ROWS_PER_CALL]]
-            completions += self._generate_rows(chunk, spec)
+        # transformers samples one way per call: rows in runs of one spec, in order
+        for run_spec, run in itertools.groupby(rows, key=lambda i: specs[i]):
+            run = list(run)
+            for start in range(0, len(run), _ROWS_PER_CALL):
+                chunk = [prompts[i] for i in run[start:start + _ROWS_PER_CALL]]
+                completions += self._generate_rows(chunk, run_spec)
         results: list[list[Completion]] = [[] for _ in prompts]
         for i, completion in zip(rows, completions):
             results[i].append(completion)

@@ -24,7 +24,7 @@ from typing import Iterable, Sequence
 import torch
 import torch.distributed as dist
 
-from .base import Completion, SamplingSpec, reseed
+from .base import Completion, Specs, per_prompt, reseed
 
 
 class _RotaryReloadFilter(logging.Filter):
@@ -67,20 +67,22 @@ class VLLMEngine:
         self._sleeping: set[str] = set()  # tags released by sleep(): weights, kv_cache
         dist.barrier()  # every engine is up before any rank starts collectives of its own
 
-    def generate(self, prompts: Sequence[list[int]], counts: Sequence[int], spec: SamplingSpec,
+    def generate(self, prompts: Sequence[list[int]], counts: Sequence[int], spec: Specs,
                  seed: int) -> list[list[Completion]]:
         from vllm import SamplingParams
 
         self._wake(["kv_cache"])
+        specs = per_prompt(spec, len(prompts))
         requests = [i for i, n in enumerate(counts) if n > 0]
-        params = [SamplingParams(n=counts[i], temperature=spec.temperature, top_p=spec.top_p,
-                                 max_tokens=spec.max_new_tokens, logprobs=0) for i in requests]
+        params = [SamplingParams(n=counts[i], temperature=specs[i].temperature,
+                                 top_p=specs[i].top_p, max_tokens=specs[i].max_new_tokens,
+                                 logprobs=0) for i in requests]
         reseed(seed)
         outputs = self.llm.generate([{"prompt_token_ids": list(prompts[i])} for i in requests],
                                     sampling_params=params, use_tqdm=False)
         results: list[list[Completion]] = [[] for _ in prompts]
         for i, out in zip(requests, outputs):
-            results[i] = [_completion(o, spec.max_new_tokens) for o in out.outputs]
+            results[i] = [_completion(o) for o in out.outputs]
         return results
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -121,7 +123,7 @@ def release_cached_memory(on_gpu: bool) -> None:
         torch.cuda.empty_cache()
 
 
-def _completion(output, max_new_tokens: int) -> Completion:
+def _completion(output) -> Completion:
     token_ids = list(output.token_ids)
     logprobs = [entry[token].logprob for entry, token in zip(output.logprobs, token_ids)]
     return Completion(token_ids=token_ids, logprobs=logprobs,
