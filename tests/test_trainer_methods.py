@@ -56,24 +56,30 @@ class FakeGeneration:
     class Train:
         token_ids = [[1, 2, 3 + i % 5] for i in range(N)]
 
-    def __init__(self):
+    def __init__(self, outcome=outcome):
         self.world, self.train, self.ledger = self.World(), self.Train(), ComputeLedger()
-        self.shard, self.num_shards = 0, 1
-        self.calls = []  # (purpose, prompt ids, counts)
+        self.shard, self.num_shards, self.tp = 0, 1, 1
+        self.outcome = outcome  # (prompt id, count, call number) -> rewards
+        self.calls = []  # (purpose, prompt ids, counts): one per purpose of each engine call
+        self.engine_calls = 0
 
     def local_rows(self, n):
         return range(n)
 
     def generate_and_score(self, prompt_ids, counts, purpose, rows=None, round=0):
         rows = list(range(len(prompt_ids))) if rows is None else list(rows)
-        self.calls.append((purpose, list(prompt_ids), list(counts)))
+        purposes = [purpose] * len(prompt_ids) if isinstance(purpose, str) else list(purpose)
+        self.engine_calls += 1
         groups = []
         for row, pid, count in zip(rows, prompt_ids, counts):
             responses = [Completion([7, pid, j], [-0.5] * 3, False) for j in range(count)]
             groups.append(RolloutGroup(row, pid, self.train.token_ids[pid], responses,
-                                       outcome(pid, count)))
-        self.ledger.add_rollouts(purpose, 0, sum(count * 3 for count in counts), sum(counts),
-                                 len(counts))
+                                       self.outcome(pid, count)))
+        for kind in dict.fromkeys(purposes):
+            mine = [(pid, c) for pid, c, p in zip(prompt_ids, counts, purposes) if p == kind]
+            self.calls.append((kind, [pid for pid, _ in mine], [c for _, c in mine]))
+            self.ledger.add_rollouts(kind, 0, sum(c * 3 for _, c in mine),
+                                     sum(c for _, c in mine), len(mine))
         return groups
 
     def gather(self, groups, n, width):
@@ -84,13 +90,14 @@ class FakeGeneration:
         return GatheredGroups(rewards, valid, valid.to(torch.int32) * 3)
 
 
-def build(policy, *overrides):
+def build(policy, *overrides, generation=None):
     cfg = C.load("tiny", [f"selection.policy={policy}", "selection.noise_scale=0",
-                          "trainer.batch_size=6", "rollout.n=4", *overrides])
+                          "trainer.batch_size=6", "rollout.n=4",
+                          "selection.speed_screen_rollouts=2", *overrides])
     device = torch.device("cpu")
     return methods.build(methods.MethodContext(
         cfg=cfg, num_prompts=N, device=device, selector=GroupSelector(cfg, N, device),
-        sampler=PromptSampler(N, seed=0), generation=FakeGeneration()))
+        sampler=PromptSampler(N, seed=0), generation=generation or FakeGeneration()))
 
 
 def run_step(method, step):
@@ -131,56 +138,62 @@ def test_is_mixed():
 
 
 def test_speed_screens_then_continues_only_mixed_prompts():
-    method = build("speed", "selection.speed_screen_rollouts=2", "selection.speed_max_rounds=3",
-                   "selection.candidate_factor=1.0")
+    # B = 6, a third of the prompts mixed, 6 screened per call: each call after the first
+    # continues the previous call's 2 accepted prompts together with the next screening.
+    method = build("speed", "selection.speed_screen_rollouts=2", "selection.fill_factor=1.0")
     plan, groups, selection = run_step(method, 0)
-    calls = method.ctx.generation.calls
-    screened = [c for c in calls if c[0] == "screening"]
-    continued = [c for c in calls if c[0] == "continuation"]
-    assert len(screened) == 3  # only a third of the candidates is mixed: all rounds run
-    assert all(set(counts) == {2} for _, _, counts in screened)
-    assert set(continued[0][2]) == {2}  # n - screen = 2 more for each accepted prompt
-    accepted = continued[0][1]
-    assert accepted and all(pid % 3 == 2 for pid in accepted)
+    generation = method.ctx.generation
+    screened = [c for c in generation.calls if c[0] == "screening"]
+    continued = [c for c in generation.calls if c[0] == "continuation"]
+    assert generation.engine_calls == len(screened) == 4 and len(continued) == 3
+    assert all(set(counts) == {2} for _, _, counts in screened + continued)  # n - screen = 2
+    accepted = [pid for _, ids_, _ in continued for pid in ids_]
+    assert all(pid % 3 == 2 for pid in accepted)
     for g in groups:  # full groups: the screening rollouts come first and are kept
         assert len(g.responses) == 4 and [c.token_ids[2] for c in g.responses] == [0, 1, 0, 1]
     ids = plan.prompt_ids.tolist()
-    assert len(set(ids)) == 6  # distinct, fixed shape B
-    assert plan.counts == [4] * len(accepted) + [0] * (6 - len(accepted))
-    assert selection.keep_mask.tolist() == [True] * len(accepted) + [False] * (6 - len(accepted))
-    # every screened prompt was drawn once from the sampler's order
+    assert len(set(ids)) == 6 and set(ids) <= set(accepted)  # distinct, fixed shape B
+    assert plan.counts == [4] * 6 and selection.keep_mask.all()
     screened_ids = [pid for _, ids_, _ in screened for pid in ids_]
-    assert len(screened_ids) == len(set(screened_ids))
+    assert len(screened_ids) == len(set(screened_ids))  # each drawn once from the sampler
+    # complete groups beyond B, and the last call's accepted prompts (waiting for their
+    # continuation), are carried to the next step
+    waiting = sum(pid % 3 == 2 for pid in screened[-1][1])
+    assert method.step_metrics()["fill/carried_groups"] == len(accepted) - 6 + waiting
 
 
-def test_speed_stops_screening_once_the_batch_is_full():
-    method = build("speed", "selection.speed_screen_rollouts=2", "selection.speed_max_rounds=4",
-                   "selection.candidate_factor=3.0")
+def test_speed_trains_once_the_batch_is_complete():
+    method = build("speed", "selection.speed_screen_rollouts=2", "selection.fill_factor=3.0")
     plan, _, _ = run_step(method, 0)
-    rounds = [c for c in method.ctx.generation.calls if c[0] == "screening"]
-    # 18 candidates, 6 of them mixed, in the first round: the batch is full
-    assert len(rounds) == 1 and plan.counts == [4] * 6
+    calls = method.ctx.generation.calls
+    # 18 screened, 6 of them mixed; the next call completes them (and screens 18 more)
+    assert [c[0] for c in calls] == ["screening", "continuation", "screening"]
+    assert plan.counts == [4] * 6
 
 
 def test_speed_prefilter_skips_prompts_whose_screening_had_no_variance():
     method = build("speed", "selection.speed_prefilter=greso", "selection.greso_initial=0.05",
                    "selection.greso_step=0", "selection.speed_screen_rollouts=2",
-                   "selection.speed_max_rounds=1", "selection.candidate_factor=5.0")
+                   "selection.fill_max_rounds=1", "selection.fill_factor=5.0")
     run_step(method, 0)  # no history: the 30 candidates are all screened
     first = [pid for c in method.ctx.generation.calls if c[0] == "screening" for pid in c[1]]
     assert sorted(first) == list(range(N))
     streak = method.chooser.filter.streak  # the screening rewards fed the streaks
     assert streak.tolist() == [0 if i % 3 == 2 else 1 for i in range(N)]
+    assert method.step_metrics()["fill/capped"] == 1  # one round: nothing complete yet
     method.ctx.generation.calls.clear()
     run_step(method, 1)
-    second = [pid for c in method.ctx.generation.calls if c[0] == "screening" for pid in c[1]]
-    # mixed prompts are always screened; all-right / all-wrong ones kept with p = 0.05 only
-    assert {i for i in range(N) if i % 3 == 2} <= set(second)
-    assert len(second) <= 10 + 5
-    assert method.step_metrics()["greso/streaking_prompts"] == 20
-    other = build("speed", "selection.speed_prefilter=greso")
+    calls = method.ctx.generation.calls
+    second = [pid for c in calls if c[0] == "screening" for pid in c[1]]
+    continued = [pid for c in calls if c[0] == "continuation" for pid in c[1]]
+    # the 10 mixed prompts, carried, are continued; all-right / all-wrong ones are screened
+    # again with p = 0.05 only
+    assert sorted(continued) == [i for i in range(N) if i % 3 == 2]
+    assert len(second) <= 5 and not set(second) & set(continued)
+    assert method.step_metrics()["greso/streaking_prompts"] >= 15
+    other = build("speed", "selection.speed_prefilter=greso", "selection.speed_screen_rollouts=2")
     other.load_state_dict(method.state_dict())
-    assert torch.equal(other.chooser.filter.streak, streak)
+    assert torch.equal(other.chooser.filter.streak, method.chooser.filter.streak)
 
 
 def test_speed_prefilter_draws_on_past_skipped_candidates():
@@ -189,16 +202,19 @@ def test_speed_prefilter_draws_on_past_skipped_candidates():
     hard = torch.tensor([i for i in range(N) if i % 3 != 2])
     chooser.filter.streak[hard] = 5  # kept with probability max(0.05 ** 5, 0.01) = 0.01
     chooser.filter.kind[hard] = 2
-    drawn = chooser._draw(6)
+    drawn = chooser.draw(6, set())
     assert len(drawn) == 6 and len(set(drawn)) == 6
     assert sum(pid % 3 == 2 for pid in drawn) >= 5  # the sampler went on past the skipped
-    for _ in range(4):  # drawing on crosses epochs: still distinct, at most one pass
-        drawn = chooser._draw(8)
-        assert len(drawn) == len(set(drawn)) <= 8
+    excluded = set()
+    for _ in range(4):  # drawing on crosses epochs: distinct within a step, at most one pass
+        more = chooser.draw(8, excluded)
+        assert len(more) <= 8 and not set(more) & (set(drawn) - set(more))
+        drawn = drawn + more if len(excluded) < N else more
+    assert len(excluded) == N
 
 
 def test_speed_with_top_energy_trains_only_the_top_k_of_its_screened_batch():
-    method = build("speed", "selection.speed_screen_rollouts=2", "selection.candidate_factor=3.0",
+    method = build("speed", "selection.speed_screen_rollouts=2", "selection.fill_factor=3.0",
                    "selection.keep_top_energy=true", "selection.keep_ratio=0.5")
     plan, _, selection = run_step(method, 0)
     assert plan.counts == [4] * 6  # the batch is full of mixed groups ...
@@ -221,9 +237,10 @@ def test_speed_prefilter_only_with_speed():
 
 def test_greso_skips_prompts_with_long_zero_variance_streaks():
     method = build("greso", "selection.greso_initial=0.05", "selection.greso_step=0",
-                   "selection.candidate_factor=1.0", "trainer.batch_size=30")
-    plan, _, _ = run_step(method, 0)
-    assert plan.counts == [4] * 30  # no history: everything is rolled out
+                   "selection.fill_factor=1.0", "trainer.batch_size=30")
+    plan, _, selection = run_step(method, 0)
+    assert plan.counts == [4] * 30  # no history: everything is rolled out ...
+    assert int(selection.keep_mask.sum()) == 10  # ... and only mixed groups are trained
     streak = method.chooser.filter.streak
     assert streak.tolist() == [0 if i % 3 == 2 else 1 for i in range(N)]
     plan, _, _ = run_step(method, 1)
@@ -310,19 +327,10 @@ def test_entropy_filter_zeroes_the_counts_of_dropped_prompts(monkeypatch):
 
 # ---------------------------------------------------------------- DOTS
 
-def test_leave_one_out_predicts_each_reference_from_the_others():
-    from lze_trainer.methods.dots import leave_one_out
-
-    emb = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0], [0.0, 1.0]]) * 10
-    labels = torch.tensor([1.0, 0.8, 0.0, 0.2])
-    loo = leave_one_out(emb, labels, attention_tau=1.0)
-    # A twin dominates the softmax: each reference is predicted by its twin's label.
-    torch.testing.assert_close(loo, torch.tensor([0.8, 1.0, 0.2, 0.0]), atol=1e-6, rtol=0)
-
-
 def test_dots_rolls_out_references_then_samples_prompts_near_half():
     method = build("dots", "selection.dots_reference_size=9", "selection.dots_every=2",
-                   "selection.dots_calibrate=false", "selection.dots_attention_tau=0.1")
+                   "selection.dots_calibrate=false", "selection.dots_attention_tau=0.1",
+                   "selection.dots_predictor=false")  # the trained predictor: test_dots_predictor
     chooser = method.chooser
     # Fixed embeddings: one direction per outcome kind (id mod 3), as if the encoder knew it.
     chooser.embeddings = torch.nn.functional.one_hot(torch.arange(N) % 3, 3).float() * 5

