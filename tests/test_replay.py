@@ -60,16 +60,37 @@ MIXED, RIGHT, WRONG = [1.0, 0.0, 0.0, 0.0], [1.0] * 4, [0.0] * 4
 
 # ---------------------------------------------------------------- the buffer
 
-def test_buffer_newest_first_fifo_eviction_and_newest_copy_per_prompt():
+def ids(entries) -> list[int]:
+    return [e.prompt_id for e in entries]
+
+
+def test_buffer_fifo_eviction_and_newest_copy_per_prompt():
     buffer = ReplayBuffer(capacity=3)
     for pid in (10, 11, 12):
         buffer.add(entry(pid), None)
-    assert [e.prompt_id for e in buffer.newest(5, set())] == [12, 11, 10]
+    assert list(buffer.entries) == [10, 11, 12]
     buffer.add(entry(13), None)  # full: the oldest (10) goes
-    assert [e.prompt_id for e in buffer.newest(5, set())] == [13, 12, 11]
+    assert list(buffer.entries) == [11, 12, 13]
     buffer.add(entry(11), None)  # a newer copy of 11 replaces the older and is now the newest
-    assert [e.prompt_id for e in buffer.newest(5, set())] == [11, 13, 12]
-    assert [e.prompt_id for e in buffer.newest(2, {11})] == [13, 12]
+    assert list(buffer.entries) == [12, 13, 11]
+    buffer.keep_newest(2)  # the official truncation after a draw
+    assert list(buffer.entries) == [13, 11]
+
+
+def test_draw_is_uniform_without_replacement_seeded_and_skips_excluded_prompts():
+    buffer = ReplayBuffer(capacity=10)
+    for pid in range(10):
+        buffer.add(entry(pid), None)
+    draw = lambda seed, n=3, exclude=(): ids(buffer.draw(n, set(exclude),
+                                                           torch.Generator().manual_seed(seed)))
+    assert draw(0) == draw(0) and len(set(draw(0))) == 3  # seeded, distinct
+    assert sorted(draw(1, n=20, exclude={4, 7})) == [0, 1, 2, 3, 5, 6, 8, 9]
+    counts = torch.zeros(10)
+    for seed in range(4000):  # each of 10 entries drawn with chance 3/10
+        counts[draw(seed)] += 1
+    assert (counts / 4000 - 0.3).abs().max() < 0.03  # 4.1 standard errors
+    firsts = torch.bincount(torch.tensor([draw(seed)[0] for seed in range(4000)]), minlength=10)
+    assert (firsts / 4000 - 0.1).abs().max() < 0.02  # not newest first: any entry leads
 
 
 def test_buffer_drops_tokens_with_their_entry():
@@ -96,7 +117,7 @@ def test_only_mixed_groups_enter_and_tokens_stay_on_their_engine():
     assert method.fresh_batch_size() == 4  # empty buffer: a full batch
     batch = step_batch([3, 4, 5, 6], [MIXED, RIGHT, [0.0, 1.0], WRONG], local_rows={0, 1})
     method.observe(batch, method.select(batch, 0))
-    assert [(e.prompt_id, e.shard) for e in method.buffer.newest(4, set())] == [(5, 1), (3, 0)]
+    assert [(e.prompt_id, e.shard) for e in method.buffer.entries.values()] == [(3, 0), (5, 1)]
     assert set(method.buffer.tokens) == {3}
     assert method.fresh_batch_size() == 2  # the buffer holds B - fresh = 2 groups
 
@@ -105,22 +126,54 @@ def test_replayed_groups_skip_the_fresh_plan_and_get_grpo_advantages():
     method = build()
     first = step_batch([3, 4, 5, 6], [MIXED, MIXED, MIXED, [0.0, 1.0, 1.0]], local_rows={0, 1})
     method.observe(first, method.select(first, 0))
-    # Next step: 2 fresh prompts, one of them (6) in the buffer: replay the newest others, 5 and 4.
+    # Next step: 2 fresh prompts, one of them (6) in the buffer: replay 2 of the others, 3-5.
     fresh = step_batch([6, 7], [WRONG, RIGHT], local_rows={0})
+    drawn = ids(method.buffer.draw(2, {6, 7}, method.generator(1)))  # the step's seeded draw
+    assert len(drawn) == 2 and set(drawn) <= {3, 4, 5}
     selection = method.select(fresh, 1)
-    assert fresh.plan.prompt_ids.tolist() == [6, 7, 5, 4]
+    assert fresh.plan.prompt_ids.tolist() == [6, 7, *drawn]
     assert fresh.plan.counts == [4, 4, 4, 4] and fresh.replayed == 2
     assert fresh.generated_rows().tolist() == [True, True, False, False]
     assert selection.keep_mask.tolist() == [True, True, True, True]  # uniform + replayed
     # r = [1, 0, 0, 0]: mean 1/4, unbiased std 1/2, A = (r - mean) / std.
     assert selection.advantages[2].tolist() == pytest.approx([1.5, -0.5, -0.5, -0.5], abs=1e-5)
     assert selection.advantages[3].tolist() == pytest.approx([1.5, -0.5, -0.5, -0.5], abs=1e-5)
-    # Engine 0 generated prompt 4 (row 1 of the first step), engine 1 prompt 5: this rank adds
-    # only prompt 4's group, at its new row, flagged off-policy.
+    # Engine 0 generated prompts 3 and 4 (rows 0-1 of the first step), engine 1 prompt 5: this
+    # rank adds only its own drawn groups, at their new rows, flagged off-policy.
     replayed = [g for g in fresh.groups if g.off_policy]
-    assert [(g.row, g.prompt_id) for g in replayed] == [(3, 4)]
+    assert [(g.row, g.prompt_id) for g in replayed] == [
+        (2 + i, pid) for i, pid in enumerate(drawn) if pid in (3, 4)]
     assert fresh.gathered.rewards[2:].tolist() == [MIXED, MIXED]
     assert method.step_metrics()["replay/groups"] == 2.0
+
+
+def test_buffer_keeps_its_newest_size_minus_fresh_groups_after_each_draw():
+    method = build("replay.buffer_size=4")  # the official buffer_size = B
+    first = step_batch([3, 4, 5, 6], [MIXED] * 4, local_rows={0, 1})
+    method.observe(first, method.select(first, 0))
+    assert list(method.buffer.entries) == [3, 4, 5, 6]
+    second = step_batch([7, 8], [MIXED] * 2, local_rows={0})  # fresh = 2 of B = 4
+    method.select(second, 1)  # draws 2 of the 4, then keeps the newest 4 - 2 ...
+    assert second.replayed == 2 and list(method.buffer.entries) == [5, 6]
+    method.observe(second, None)  # ... and the fresh mixed groups enter
+    assert list(method.buffer.entries) == [5, 6, 7, 8]
+
+
+def test_replay_draws_resume_exactly():
+    """Two wrappers with the same buffer (one restored from the other's state) draw the same."""
+    method = build()
+    first = step_batch(list(range(4)), [MIXED] * 4, local_rows={0, 1})
+    method.observe(first, method.select(first, 0))
+    second = step_batch(list(range(4, 8)), [MIXED] * 4, local_rows={0, 1})
+    method.observe(second, method.select(second, 1))
+    restored = build()
+    restored.load_state_dict(method.state_dict())
+    restored.buffer.tokens = dict(method.buffer.tokens)
+    batches = [step_batch([20, 21], [WRONG, RIGHT], local_rows={0}) for _ in range(2)]
+    method.select(batches[0], 2)
+    restored.select(batches[1], 2)
+    assert batches[0].plan.prompt_ids.tolist() == batches[1].plan.prompt_ids.tolist()
+    assert len(batches[0].plan.prompt_ids) == 4
 
 
 def test_replayed_advantages_equal_the_selectors():
@@ -160,8 +213,7 @@ def test_state_round_trip_and_rank_layout_check():
     restored = build()
     restored.load_state_dict(method.state_dict())
     restored.load_rank_state_dict(method.rank_state_dict())
-    assert ([e.prompt_id for e in restored.buffer.newest(9, set())]
-            == [e.prompt_id for e in method.buffer.newest(9, set())] == [6, 5, 4, 3])
+    assert list(restored.buffer.entries) == list(method.buffer.entries) == [3, 4, 5, 6]
     assert set(restored.buffer.tokens) == {3, 4}
     other_engine = build(shard=1)
     other_engine.load_state_dict(method.state_dict())

@@ -168,8 +168,11 @@ def behaviour_weights(old_logp: torch.Tensor, behaviour_logp: torch.Tensor,
     for LLM Reinforcement Fine-tuning Through Difficulty-targeted Online Data Selection and Rollout
     Replay") is ``-w min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A)`` with
     ``rho = pi_theta / pi_old``: the clipped surrogate times ``w``, where ``mu`` is the policy that
-    sampled the tokens (the engine's log-probs at the time). When ``mu = pi_old``, ``w = 1``: plain
-    GRPO."""
+    sampled the tokens (the engine's log-probs at the time; the official code recomputes them with
+    the actor at that step, :mod:`lze_trainer.methods.replay` says why the engine's serve here).
+    The official runs clip symmetrically, ``eps = 0.2`` (``core_algos.py``:197-235,
+    ``ppo_trainer.yaml``:30): ``actor.clip_ratio_high=0.2``. When ``mu = pi_old``, ``w = 1``:
+    plain GRPO."""
     weights = torch.exp(old_logp.detach() - behaviour_logp.detach())
     return torch.where(off_policy.unsqueeze(-1), weights, torch.ones_like(weights))
 

@@ -4,13 +4,30 @@ SPEC 9), a switch over any selection policy.
 
 Once the buffer holds enough groups, a step rolls out only ``fresh = sigma x B`` prompts (rounded
 to a multiple of the rollout engines, at least one each) and trains on the policy's kept fresh
-groups plus up to ``B - fresh`` groups replayed from the buffer, newest first, skipping prompts of
-the step's own plan. The buffer keeps the latest ``replay.buffer_size`` groups with non-zero
-reward variance (FIFO by insertion, one copy per prompt: a newer group of a prompt replaces the
-older one). Replayed groups reach the update without selection and without touching the
-selector's per-prompt history (it only sees what was generated), with GRPO advantages recomputed
-from their stored rewards; their tokens carry the log-probs ``mu`` of the policy that sampled them,
-so the update weights them by ``pi_old / mu`` (:func:`lze_trainer.loss.behaviour_weights`).
+groups plus up to ``B - fresh`` groups drawn **uniformly at random without replacement** from the
+buffer (the official ``replay_strategy=random``: ``torch.randperm`` over the buffer's groups,
+ASTRAL-Group/data-efficient-llm-rl at 59df918, ``rl_training/verl/verl/trainer/ppo/
+ray_trainer.py``:104-109), skipping prompts of the step's own plan (the official code allows the
+overlap and only logs it, 1012-1014: here a prompt is one row of a step). The draw is seeded by
+``(trainer.seed, step)``, so a resumed run draws what the lost one did. After the draw the buffer
+keeps only its newest ``replay.buffer_size - fresh`` groups (the official truncation to
+``buffer_size - sigma B``, 118-124; run it with ``buffer_size = B`` as the official script does,
+512 at B = 512), then the step's fresh groups with mixed rewards enter. The buffer holds groups
+with non-zero reward variance only (the official filter, 87-95), one copy per prompt (a newer
+group of a prompt replaces the older, 70-81), at most ``replay.buffer_size`` (FIFO by insertion).
+Replayed groups reach the update without selection and without touching the selector's per-prompt
+history (it only sees what was generated), with GRPO advantages recomputed from their stored
+rewards (as the official code does, 1062); their tokens carry the log-probs ``mu`` of the policy
+that sampled them, so the update weights them by ``pi_old / mu``
+(:func:`lze_trainer.loss.behaviour_weights`; the official loss, ``core_algos.py``:197-235, runs
+with a symmetric clip of 0.2: set ``actor.clip_ratio_high=0.2`` with replay).
+
+``mu``: the official code takes it from the actor (``compute_log_prob`` at the generating step,
+981); here it is the rollout engine's log-probs of the same weights at the same step (the engine
+holds the actor's weights after every sync). The two differ only by kernel numerics, which the
+trainer measures on every fresh batch (``actor/engine_logprob_abs_diff_max``); the actor's would
+cost one more forward pass over every group that enters the buffer, since with one optimizer step
+per training step the update recomputes no old log-probs.
 
 Data parallelism: the buffer's index (prompt, rewards, validity, lengths, owning engine, in
 insertion order) comes from the all-gathered rewards and is the same on every rank; a group's
@@ -33,6 +50,8 @@ from ..batch import RolloutGroup
 from ..generation import GatheredGroups
 from ..selection import Selection
 from .base import Method, PromptPlan, StepBatch
+
+REPLAY_STREAM = 0x5EED  # separates the replay draw's seed from the trainer's other streams
 
 
 @dataclass
@@ -70,15 +89,18 @@ class ReplayBuffer:
             oldest, _ = self.entries.popitem(last=False)
             self.tokens.pop(oldest, None)
 
-    def newest(self, n: int, exclude: set[int]) -> list[BufferEntry]:
-        """Up to ``n`` entries, newest first, whose prompts are not in ``exclude``."""
-        chosen = []
-        for prompt_id in reversed(self.entries):
-            if len(chosen) == n:
-                break
-            if prompt_id not in exclude:
-                chosen.append(self.entries[prompt_id])
-        return chosen
+    def draw(self, n: int, exclude: set[int], generator: torch.Generator) -> list[BufferEntry]:
+        """Up to ``n`` entries drawn uniformly at random without replacement among those whose
+        prompts are not in ``exclude`` (in draw order)."""
+        candidates = [e for pid, e in self.entries.items() if pid not in exclude]
+        order = torch.randperm(len(candidates), generator=generator)[:n]
+        return [candidates[i] for i in order.tolist()]
+
+    def keep_newest(self, n: int) -> None:
+        """Drop all but the newest ``n`` entries (and their tokens)."""
+        while len(self.entries) > max(n, 0):
+            oldest, _ = self.entries.popitem(last=False)
+            self.tokens.pop(oldest, None)
 
     def state_dict(self) -> dict:
         return {"entries": [vars(e) for e in self.entries.values()]}
@@ -124,11 +146,15 @@ class RolloutReplay:
         fresh = self.inner.select(batch, step)
         self._fresh = (replace(batch), fresh)
         exclude = set(batch.plan.prompt_ids.tolist())
-        chosen = self.buffer.newest(self.ctx.batch_size - len(batch.plan.counts), exclude)
+        B, r = self.ctx.batch_size, self.ctx.cfg.replay
+        chosen = self.buffer.draw(B - len(batch.plan.counts), exclude, self.generator(step))
+        if chosen:
+            self._append(batch, chosen)
+        self.buffer.keep_newest(r.buffer_size - fresh_size(B, r.ratio,
+                                                           self.ctx.generation.num_shards))
         self.replayed = len(chosen)
         if not chosen:
             return fresh
-        self._append(batch, chosen)
         rewards = torch.stack([e.rewards for e in chosen]).to(self.ctx.device)
         valid = torch.stack([e.valid for e in chosen]).to(self.ctx.device)
         advantages = ops.grpo_advantages(rewards, valid, self.ctx.selector.lze.config.eps,
@@ -140,6 +166,11 @@ class RolloutReplay:
                                                                 device=device)]),
                          torch.cat([fresh.energy, unscored]),
                          torch.cat([fresh.pass_rate, unscored.to(fresh.pass_rate.dtype)]))
+
+    def generator(self, step: int) -> torch.Generator:
+        """The step's seeded draw (a resumed run draws the same groups)."""
+        return torch.Generator().manual_seed(
+            (self.ctx.cfg.trainer.seed * 1_000_003 + step * 7919 + REPLAY_STREAM) % 2**63)
 
     def _append(self, batch: StepBatch, chosen: list[BufferEntry]) -> None:
         n, shard = len(batch.plan.counts), self.ctx.generation.shard
