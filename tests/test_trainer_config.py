@@ -52,7 +52,7 @@ def test_overrides_and_yaml_roundtrip(tmp_path):
     (["rollout.temperature=0"], "rollout.temperature", "> 0"),
     (["rollout.allocation=true", "rollout.n=64"], "rollout.n", "allocation_min"),
     (["trainer.stop_after_steps=999"], "trainer.stop_after_steps", "total_steps"),
-    (["selection.entropy_z=0"], "selection.entropy_z", "> 0"),
+    (["selection.hive_keep_share=0"], "selection.hive_keep_share", "(0, 1]"),
 ])
 def test_bad_values_name_the_key(override, key, expected):
     with pytest.raises(C.ConfigError) as err:

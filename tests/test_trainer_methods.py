@@ -8,8 +8,6 @@ import socket
 import pytest
 import torch
 import torch.distributed as dist
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from lze_trainer import config as C
 from lze_trainer import methods
@@ -17,7 +15,6 @@ from lze_trainer.batch import RolloutGroup
 from lze_trainer.compute import ComputeLedger
 from lze_trainer.data import PromptSampler
 from lze_trainer.generation import GatheredGroups
-from lze_trainer.methods.hive import EntropyChecked, stale_entropy
 from lze_trainer.methods.lze_schedule import release_keep_ratio
 from lze_trainer.methods.speed import is_mixed
 from lze_trainer.rollout import Completion
@@ -261,68 +258,7 @@ def test_greso_state_round_trips():
     assert torch.equal(other.chooser.filter.p, method.chooser.filter.p)
 
 
-# ---------------------------------------------------------------- HIVE
-
-def test_entropy_levels_drop_prompts_below_their_running_level():
-    method = build("lze", "selection.entropy_filter=true", "selection.entropy_beta=0.5")
-    hive = method.chooser
-    assert isinstance(hive, EntropyChecked)
-    ids = torch.tensor([0, 1, 2])
-    # First measurement: never dropped, sets the level.
-    assert hive.update_levels(ids, torch.tensor([1.0, 2.0, 3.0])).tolist() == [False] * 3
-    drop = hive.update_levels(ids, torch.tensor([0.5, 2.0, 4.0]))
-    assert drop.tolist() == [True, False, False]
-    torch.testing.assert_close(hive.level[:3], torch.tensor([0.75, 2.0, 3.5]))
-    assert torch.isnan(hive.level[3:]).all()
-
-
-def test_a_fall_every_prompt_shares_drops_none():
-    # Training lowers every prompt's entropy; the same relative fall is no sign of staleness.
-    level = torch.tensor([1.0, 2.0, 3.0, 4.0])
-    assert not stale_entropy(0.8 * level, level, z=1.0).any()
-    # One prompt falling much further than the rest is.
-    entropy = 0.8 * level
-    entropy[2] = 0.3
-    assert stale_entropy(entropy, level, z=1.0).tolist() == [False, False, True, False]
-
-
-def test_prompts_without_a_level_are_never_dropped_nor_counted():
-    level = torch.tensor([float("nan"), 1.0, float("nan"), 1.0])
-    entropy = torch.tensor([1e-6, 0.1, 1e-6, 1.0])
-    drop = stale_entropy(entropy, level, z=0.5)
-    assert drop.tolist() == [False, True, False, False]
-    # Fewer than two prompts with a level: no spread to compare with, nothing dropped.
-    assert not stale_entropy(entropy[:2], level[:2], z=0.5).any()
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.floats(0.0, 10.0), st.one_of(st.none(), st.floats(1e-3, 10.0))),
-                min_size=1, max_size=40),
-       st.floats(0.25, 3.0))
-def test_entropy_filter_never_drops_more_than_cantellis_share(rows, z):
-    # P(X <= mean - z std) <= 1 / (1 + z^2) for any distribution, the empirical one included.
-    entropy = torch.tensor([h for h, _ in rows])
-    level = torch.tensor([float("nan") if lv is None else lv for _, lv in rows])
-    drop = stale_entropy(entropy, level, z)
-    measured = int((~torch.isnan(level)).sum())
-    assert not drop[torch.isnan(level)].any()
-    assert int(drop.sum()) <= measured / (1 + z * z) + 1e-9
-
-
-def test_entropy_filter_zeroes_the_counts_of_dropped_prompts(monkeypatch):
-    method = build("uniform", "selection.entropy_filter=true")
-    entropy = {pid: 1.0 for pid in range(N)}
-    monkeypatch.setattr("lze_trainer.methods.hive.prompt_features",
-                        lambda ctx, ids, feature, purpose: torch.tensor([entropy[i] for i in ids]))
-    first = method.plan(0)
-    assert first.counts == [4] * 6
-    for pid in first.prompt_ids.tolist()[:2]:
-        entropy[pid] = 0.1
-    method.chooser.inner.ctx.sampler = PromptSampler(N, seed=0)  # the same prompts again
-    again = method.plan(1)
-    assert again.prompt_ids.tolist() == first.prompt_ids.tolist()
-    assert again.counts == [0, 0, 4, 4, 4, 4]
-    assert method.step_metrics()["hive/dropped"] == 2
+# HIVE: tests/test_hive.py
 
 
 # ---------------------------------------------------------------- DOTS

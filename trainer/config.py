@@ -110,9 +110,9 @@ class SelectionConfig:
     speed_max_rounds: int = 4  # speed: screening rounds per step to fill the batch with mixed prompts
     speed_prefilter: Literal["none", "greso"] = "none"  # speed: greso thins the candidates before screening with GRESO's skip draw (the greso_* settings), fed by the screening rewards
     keep_top_energy: bool = False  # dots / greso / speed: train only LZE's top floor(B * keep_ratio) of the chosen groups by energy (forward and backward selection combined)
-    entropy_filter: bool = False  # HIVE: after the history-based choice, drop candidates whose prompt entropy fell further below their running level than the step's others' (one prefill each)
-    entropy_beta: float = 0.9  # HIVE: EMA decay of each prompt's running entropy level
-    entropy_z: float = 1.0  # HIVE: drop when log(H / level) < mean - z * std over the step's measured prompts (at most 1 / (1 + z^2) of them)
+    entropy_filter: bool = False  # HIVE (uniform / dapo / lze): before rollout, shortlist by reward history (4 p (1 - p) of the pass-rate EMA, unseen prompts first) then roll out the top hive_keep_share of the shortlist by prompt entropy (one prefill each)
+    hive_pool_factor: float = 4.0  # HIVE: candidates drawn per step from the sampler, per training prompt (stage 1's pool)
+    hive_keep_share: float = 0.5  # HIVE: share of the history shortlist kept by prompt entropy (the top half: above the shortlist's median); the shortlist holds ceil(B / share) prompts
 
 
 @dataclass
@@ -286,8 +286,13 @@ def _validate_budget(t: "TrainerConfig") -> None:
              s.greso_initial)
     _require(0 <= s.dots_predictor_holdout < 1, "selection.dots_predictor_holdout",
              "a float in [0, 1)", s.dots_predictor_holdout)
-    _require(0 <= s.entropy_beta < 1, "selection.entropy_beta", "a float in [0, 1)", s.entropy_beta)
-    _require(s.entropy_z > 0, "selection.entropy_z", "a float > 0", s.entropy_z)
+    _require(0 < s.hive_keep_share <= 1, "selection.hive_keep_share", "a float in (0, 1]",
+             s.hive_keep_share)
+    _require(s.hive_pool_factor * s.hive_keep_share >= 1, "selection.hive_pool_factor",
+             "a float >= 1 / hive_keep_share (the pool must fill the shortlist)", s.hive_pool_factor)
+    _require(not s.entropy_filter or (policy in ("uniform", "dapo", "lze") and not s.prune),
+             "selection.entropy_filter", "false unless selection.policy is uniform, dapo or lze "
+             "without the pruner (HIVE chooses the prompts from the sampler itself)", True)
     _require(0 < s.schedule_floor <= s.schedule_target <= 1, "selection.schedule_target",
              "0 < schedule_floor <= schedule_target <= 1", (s.schedule_floor, s.schedule_target))
     _require(1 <= s.speed_screen_rollouts <= c.rollout.n, "selection.speed_screen_rollouts",

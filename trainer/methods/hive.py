@@ -1,108 +1,102 @@
-"""``selection.entropy_filter=true``: HIVE's online check of prompt entropy, after any
-history-based choice of prompts (HIVE, "History-Informed and Online-Verified" data selection,
-arXiv 2603.25184, seed ``004_4c68405ba23ff00f``: coarse screening by reward history, then "fine
-pruning via online validation, using prompt entropy as a real-time proxy to prune instances with
-outdated utility").
+"""``selection.entropy_filter=true``: HIVE's two-stage choice of prompts before rollout (HIVE,
+"Train at (the) Moving Edge", arXiv 2603.25184; seed ``004_4c68405ba23ff00f``: "1. coarse
+screening with historical information: preliminary filtering using historical reward
+trajectories; 2. fine pruning via online validation, using prompt entropy as a real-time proxy to
+prune instances with outdated utility"; the v2 abstract: "historical reward statistics ... as a
+cheap prior to filter candidate prompts"). No official code was found; the paper's method section
+was not readable here, so the rule below is our reading of those sources and of a secondary note
+citing its sections 2-3 ("online verification takes the upper half by current prompt entropy
+within the shortlisted pool only; the median is computed from that pool"; "the history shortlist
+is broad and retains exploration candidates").
 
-The wrapped chooser picks the step's prompts as usual; then one prefill of the current policy
-gives each chosen prompt's entropy ``H`` (the mean entropy of its next-token distributions over
-the prompt, :func:`prefill.mean_prompt_entropy`) and compares it with the prompt's running level
-``h`` (an EMA of its past entropies, decay ``selection.entropy_beta``). Training lowers every
-prompt's entropy, so ``H < h`` alone says little: by step 100 of the study it held for nearly every
-prompt and the run starved (a few rollouts per step). A prompt's utility is stale when its entropy
-fell *more than the others'*: with ``s_i = log(H_i / h_i)`` over the step's prompts that have a
-level, prompt ``i`` is dropped for this step when
+1. **History (coarse).** ``ceil(selection.hive_pool_factor x B)`` candidates come from the epoch
+   sampler. Each gets a prior from its reward history, the learning edge of medium difficulty:
+   ``4 p (1 - p)`` of its pass-rate EMA ``p`` (the LZE selector's per-prompt EMA, updated from
+   every rollout the prompt had), and 1 for a prompt never rolled out (kept for exploration).
+   The ``S = ceil(B / selection.hive_keep_share)`` candidates with the highest prior form the
+   shortlist (ties in sampler order), so prompts whose history says solved or hopeless drop out
+   first.
+2. **Prompt entropy (fine).** One prefill of the current policy gives each shortlisted prompt's
+   entropy ``H`` (the mean entropy of its next-token distributions over the prompt,
+   :func:`prefill.mean_prompt_entropy`); the ``B`` with the highest ``H`` are rolled out, the
+   top ``hive_keep_share`` of the pool (the top half by default: above the pool's median).
 
-    s_i < mean(s) - z * std(s)        (z = selection.entropy_z, population std)
-
-Its row keeps its place with no rollouts. By Cantelli's inequality at most ``1 / (1 + z^2)`` of
-those prompts are dropped (half for ``z = 1``) whatever the entropies do, so the filter can thin a
-batch but never empty it. Then ``h <- beta h + (1 - beta) H`` for every prompt measured (the first
-measurement sets ``h = H``; a prompt never measured is never dropped). The prefill's tokens are
-booked as compute (``forward/entropy``). The levels live on the device, one float per training
-prompt, and go into checkpoints.
+The batch is always full (B prompts) as long as the sampler has ``S`` prompts. The prefill's tokens
+are booked as compute (``forward/entropy``). HIVE keeps no state of its own: its history is the
+selector's, which is checkpointed.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
+
+from lze_kernels import layout as L
 
 from .base import MethodContext, PromptPlan, StepBatch
 from .prefill import mean_prompt_entropy, prompt_features
 from ..selection import Selection
 
 
-class EntropyChecked:
-    """Wraps a chooser: its plan, minus prompts whose entropy fell below their running level."""
+class HistoryThenEntropy:
+    """Wraps a sampler-driven chooser (``uniform``, ``dapo``, ``lze``): its candidates, screened
+    by reward history and then by prompt entropy (module docstring)."""
 
     def __init__(self, ctx: MethodContext, inner):
         self.ctx, self.inner = ctx, inner
-        self.level = torch.full((ctx.num_prompts,), float("nan"), device=ctx.device)
-        self.dropped = 0
+        self.stage1_dropped = 0
+        self.stage2_dropped = 0
 
     def choose(self, step: int, batch_size: int) -> PromptPlan:
-        plan = self.inner.choose(step, batch_size)
-        rows = [i for i, c in enumerate(plan.counts) if c > 0]
-        if not rows:
-            return plan
-        ids = plan.prompt_ids[rows].to(self.ctx.device)
-        entropy = prompt_features(self.ctx, plan.prompt_ids[rows].tolist(),
-                                  mean_prompt_entropy, "entropy")
-        drop = self.update_levels(ids, entropy).cpu()
-        self.dropped = int(drop.sum())
-        plan.counts = _zero_counts(plan.counts, rows, drop.tolist())
-        return plan
+        s = self.ctx.cfg.selection
+        pool = self.inner.candidates(math.ceil(s.hive_pool_factor * batch_size))
+        shortlist_size = min(math.ceil(batch_size / s.hive_keep_share), len(pool))
+        shortlist = shortlist_by_history(self.history_prior(pool.to(self.ctx.device)),
+                                         shortlist_size)
+        shortlisted = pool[shortlist.cpu()]
+        entropy = prompt_features(self.ctx, shortlisted.tolist(), mean_prompt_entropy, "entropy")
+        chosen = shortlisted[top_entropy(entropy, batch_size).cpu()]
+        self.stage1_dropped = len(pool) - len(shortlisted)
+        self.stage2_dropped = len(shortlisted) - len(chosen)
+        eligible = torch.ones(len(chosen), dtype=torch.bool)
+        return PromptPlan(chosen, self.inner.counts(chosen, eligible))
 
-    def update_levels(self, ids: torch.Tensor, entropy: torch.Tensor) -> torch.Tensor:
-        """[n] bool: prompts whose entropy fell further below their running level than the
-        step's others' (see the module docstring); then update the levels (the first
-        measurement sets it)."""
-        level = self.level[ids]
-        drop = stale_entropy(entropy, level, self.ctx.cfg.selection.entropy_z)
-        beta = self.ctx.cfg.selection.entropy_beta
-        self.level[ids] = torch.where(torch.isnan(level), entropy,
-                                      beta * level + (1.0 - beta) * entropy)
-        return drop
+    def history_prior(self, prompt_ids: torch.Tensor) -> torch.Tensor:
+        """[n] ``4 p (1 - p)`` of each prompt's pass-rate EMA, 1 for prompts never rolled out."""
+        state = self.ctx.selector.lze.state
+        ema = state.fstate[prompt_ids, L.EMA].float()
+        seen = state.istate[prompt_ids, L.SEEN] > 0
+        return torch.where(seen, 4.0 * ema * (1.0 - ema), torch.ones_like(ema))
 
     def candidates(self, n: int) -> torch.Tensor:
         return self.inner.candidates(n)
+
+    def counts(self, prompt_ids: torch.Tensor, eligible: torch.Tensor) -> list[int]:
+        return self.inner.counts(prompt_ids, eligible)
 
     def observe(self, batch: StepBatch, selection: Selection) -> None:
         self.inner.observe(batch, selection)
 
     def metrics(self) -> dict[str, float]:
-        return {**self.inner.metrics(), "hive/dropped": float(self.dropped)}
+        return {**self.inner.metrics(), "hive/history_dropped": float(self.stage1_dropped),
+                "hive/dropped": float(self.stage2_dropped)}
 
     def state_dict(self) -> dict:
-        return {"inner": self.inner.state_dict(), "entropy_level": self.level.clone()}
+        return {"inner": self.inner.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        level = state.get("entropy_level")
-        if not isinstance(level, torch.Tensor) or level.shape != self.level.shape:
-            raise ValueError("state_dict['entropy_level']: expected a float tensor of shape "
-                             f"{tuple(self.level.shape)} (selection.entropy_filter state)")
         self.inner.load_state_dict(state["inner"])
-        self.level.copy_(level)
 
 
-def stale_entropy(entropy: torch.Tensor, level: torch.Tensor, z: float) -> torch.Tensor:
-    """[n] bool: ``log(H / h)`` more than ``z`` population standard deviations below its mean
-    over the prompts with a level (NaN ``level``: never measured, never dropped, not counted).
-    Entropies are floored at a tiny positive value so that the log stays finite."""
-    tiny = torch.finfo(entropy.dtype).tiny
-    measured = ~torch.isnan(level)
-    change = torch.log(entropy.clamp(min=tiny) / level.clamp(min=tiny))
-    change = torch.where(measured, change, torch.zeros_like(change))
-    count = measured.sum()
-    mean = change.sum() / count.clamp(min=1)
-    spread = (torch.where(measured, change - mean, torch.zeros_like(change)).square().sum()
-              / count.clamp(min=1)).sqrt()
-    return measured & (count >= 2) & (change < mean - z * spread)
+def shortlist_by_history(prior: torch.Tensor, n: int) -> torch.Tensor:
+    """[n] indices of the ``n`` highest priors, ties in index (sampler) order."""
+    return torch.sort(prior, descending=True, stable=True).indices[:n]
 
 
-def _zero_counts(counts: list[int], rows: list[int], drop: list[bool]) -> list[int]:
-    out = list(counts)
-    for row, d in zip(rows, drop):
-        if d:
-            out[row] = 0
-    return out
+def top_entropy(entropy: torch.Tensor, n: int) -> torch.Tensor:
+    """[n] indices of the ``n`` highest prompt entropies, ties in index order."""
+    return torch.sort(entropy, descending=True, stable=True).indices[:n]
+
+
+EntropyChecked = HistoryThenEntropy  # the name methods.build wraps choosers with
