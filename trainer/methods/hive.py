@@ -9,8 +9,8 @@ citing its sections 2-3 ("online verification takes the upper half by current pr
 within the shortlisted pool only; the median is computed from that pool"; "the history shortlist
 is broad and retains exploration candidates").
 
-1. **History (coarse).** ``ceil(selection.hive_pool_factor x B)`` candidates come from the epoch
-   sampler. Each gets a prior from its reward history, the learning edge of medium difficulty:
+1. **History (coarse).** ``ceil(selection.hive_pool_factor x B)`` candidates (at most every
+   training prompt) come from the epoch sampler. Each gets a prior from its reward history, the learning edge of medium difficulty:
    ``4 p (1 - p)`` of its pass-rate EMA ``p`` (the LZE selector's per-prompt EMA, updated from
    every rollout the prompt had), and 1 for a prompt never rolled out (kept for exploration).
    The ``S = ceil(B / selection.hive_keep_share)`` candidates with the highest prior form the
@@ -50,7 +50,8 @@ class HistoryThenEntropy:
 
     def choose(self, step: int, batch_size: int) -> PromptPlan:
         s = self.ctx.cfg.selection
-        pool = self.inner.candidates(math.ceil(s.hive_pool_factor * batch_size))
+        pool = self.inner.candidates(min(math.ceil(s.hive_pool_factor * batch_size),
+                                         self.ctx.num_prompts))
         shortlist_size = min(math.ceil(batch_size / s.hive_keep_share), len(pool))
         shortlist = shortlist_by_history(self.history_prior(pool.to(self.ctx.device)),
                                          shortlist_size)
