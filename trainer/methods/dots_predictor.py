@@ -63,17 +63,20 @@ def fit_predictor(ctx, embeddings: torch.Tensor, labelled: LabelledPrompts
     s = ctx.cfg.selection
     generator = torch.Generator().manual_seed(ctx.cfg.trainer.seed)
     held_in, held_out = labelled.split(s.dots_predictor_holdout, generator)
-    adapter = DifficultyAdapter(embeddings.shape[1], s.dots_predictor_hidden,
-                                s.dots_predictor_layers).to(embeddings.device)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(ctx.cfg.trainer.seed)  # the same initial weights on every rank
+        adapter = DifficultyAdapter(embeddings.shape[1], s.dots_predictor_hidden,
+                                    s.dots_predictor_layers).to(embeddings.device)
     stats: dict[str, float] = {}
     if ctx.generation.world.rank == 0:
-        torch.manual_seed(ctx.cfg.trainer.seed)  # initialisation and dropout
-        adapter = adapter.to(embeddings.device)
-        stats = train_adapter(adapter, embeddings[labelled.prompt_ids[held_in]],
-                              labelled.pass_rate[held_in], s.dots_reference_size,
-                              epochs=s.dots_predictor_epochs, time_s=s.dots_predictor_time_s,
-                              lr=s.dots_predictor_lr, batch_size=s.dots_predictor_batch,
-                              generator=generator)
+        cuda = [embeddings.device] if embeddings.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=cuda):  # the run's own random streams stay as they are
+            torch.manual_seed(ctx.cfg.trainer.seed)  # dropout
+            stats = train_adapter(adapter, embeddings[labelled.prompt_ids[held_in]],
+                                  labelled.pass_rate[held_in], s.dots_reference_size,
+                                  epochs=s.dots_predictor_epochs, time_s=s.dots_predictor_time_s,
+                                  lr=s.dots_predictor_lr, batch_size=s.dots_predictor_batch,
+                                  generator=generator)
     state = D.broadcast_object({k: v.cpu() for k, v in adapter.state_dict().items()})
     adapter.load_state_dict(state)
     adapter.eval().requires_grad_(False)
