@@ -21,7 +21,7 @@ SOURCES := pyproject.toml setup.py CMakeLists.txt $(shell find csrc -type f 2>/d
 NPROC ?= 2
 ARGS ?=
 
-.PHONY: setup lock build demo test study bench test-gpu-emulated test-gpu gpu-wheels clean
+.PHONY: setup lock build demo test test-verl study bench test-gpu-emulated test-gpu gpu-wheels clean
 
 setup: $(VENV)/.deps-$(PIN_SET) build
 
@@ -59,6 +59,31 @@ demo: setup
 test: setup
 	$(PY) -m pytest -q tests
 	bash tools/test_triton_latest.sh
+	$(MAKE) test-verl
+
+# verl 0.9.1 in a venv of its own (it needs transformers < 5.11, the trainer's set has 5.19):
+# the pinned verl set (requirements/constraints-verl.txt), this package built into it without the
+# CUDA modules (build dir build-verl/, apart from the editable build's), and the verl tests run
+# with `python -P` so that they import the installed package, not the source tree.
+VERL_VENV ?= .venv-verl
+VERL_PY := $(VERL_VENV)/bin/python
+VERL_PIP := $(VERL_PY) -m pip --disable-pip-version-check -q
+VERL_TESTS := tests/test_integration_verl.py $(wildcard tests/test_verl_*.py)
+
+$(VERL_VENV)/.deps: requirements/constraints-verl.txt requirements/verl.in requirements/build.in
+	$(PYTHON) -m venv $(VERL_VENV)
+	$(VERL_PIP) install -c requirements/constraints-verl.txt -r requirements/verl.in \
+		-r requirements/build.in
+	touch $@
+
+$(VERL_VENV)/.built: $(VERL_VENV)/.deps $(SOURCES) $(shell find lze_kernels -name '*.py')
+	printf '[build]\nbuild_base = build-verl\n' >$(VERL_VENV)/build.cfg
+	DIST_EXTRA_CONFIG=$(VERL_VENV)/build.cfg LZE_BUILD_CUDA=0 LZE_BUILD_CUDA_EMULATED=0 \
+		$(VERL_PIP) install --no-build-isolation --no-deps --force-reinstall .
+	touch $@
+
+test-verl: $(VERL_VENV)/.built
+	$(VERL_PY) -P -m pytest -q $(VERL_TESTS)
 
 # The selection-method study (docs/study.md); QUICK=1: two methods, one seed, a few steps.
 study: setup

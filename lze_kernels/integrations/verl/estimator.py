@@ -1,4 +1,5 @@
-"""LZE selection as a verl advantage estimator; verl itself is imported only by ``register``.
+"""LZE selection as a verl advantage estimator (verl's legacy ``RayPPOTrainer``); verl itself is
+imported only by ``register``.
 
 verl's trainer calls an advantage estimator once per step with the flat batch of ``bs`` responses:
 ``token_level_rewards`` [bs, T], ``response_mask`` [bs, T] and ``index``, the ``uid`` of each
@@ -16,8 +17,15 @@ the uids come shuffled) and a few gathers; uids that arrive grouped need no plac
 makes a fresh ``uid`` per prompt per step (``uuid4`` in ``fit``), so uids
 group responses but cannot key LZE's per-prompt state: the stable id is the dataset row,
 ``non_tensor_batch["index"]`` (from ``extra_info["index"]`` in verl's RLHF dataset). Pass it as
-``prompt_index`` or :meth:`LZEAdvantage.bind` it before verl calls the estimator (the registry
-call does not forward it).
+``prompt_index``, :meth:`LZEAdvantage.bind` it before verl calls the estimator, or let
+:meth:`LZEAdvantage.bind_uids` map each step's uids to their rows (verl's registry call forwards
+only the uids; :class:`~lze_kernels.integrations.verl.legacy.LZERayPPOTrainer` binds them where
+``fit`` makes them).
+
+verl's legacy trainer updates the actor on every response of the batch, so the estimator makes
+the selection count by zeroing the advantages of the groups it drops (``zero_dropped=True``): a
+response with zero advantage adds nothing to the policy-gradient loss. (v1 drops the groups from
+the batch itself: :class:`~lze_kernels.integrations.verl.replay_buffer.LZEReplayBuffer`.)
 
 Advantages follow verl's ``compute_grpo_outcome_advantage`` (volcengine/verl,
 ``verl/trainer/ppo/core_algos.py``): scores ``s = token_level_rewards.sum(-1)``; per uid group of
@@ -37,10 +45,10 @@ from typing import Any, NamedTuple, Optional
 import numpy as np
 import torch
 
-from .. import ops
-from ..config import LZEConfig
-from ..selector import LZESelector
-from .selection import GroupSelection, ScoreFn, check_policy, select_groups
+from ... import ops
+from ...config import LZEConfig
+from ...selector import LZESelector
+from ..selection import GroupSelection, ScoreFn, check_policy, select_groups
 
 
 class UidGroups(NamedTuple):
@@ -136,25 +144,40 @@ class LZEAdvantage:
         backend: the selector's kernel backend.
         score_fn: maps a 1-D tensor of response scores to [0, 1] for LZE's pass rate (default:
             as is); advantages always use the raw scores.
+        zero_dropped: zero the advantages of the groups the policy drops (verl's legacy trainer
+            trains on every response it gets); False: verl's GRPO advantages for every group.
     """
 
     def __init__(self, num_prompts: Optional[int] = None, config: Optional[LZEConfig] = None, *,
                  policy: str = "lze", device="cpu", backend: str = "auto",
-                 score_fn: Optional[ScoreFn] = None):
+                 score_fn: Optional[ScoreFn] = None, zero_dropped: bool = False):
         check_policy(policy)
         self.policy = policy
         self.device = torch.device(device)
         self.score_fn = score_fn
+        self.zero_dropped = bool(zero_dropped)
         self.selector: Optional[LZESelector] = None
         if policy == "lze":
             self.selector = LZESelector(num_prompts, config, self.device, backend)
         self.last: Optional[VerlStep] = None
         self._bound: Optional[np.ndarray] = None
+        self._rows_by_uid: dict = {}
 
     def bind(self, prompt_index) -> None:
         """Dataset row of each response (e.g. ``batch.non_tensor_batch["index"]``), used by the
         next call that gets no ``prompt_index``."""
         self._bound = _host_ids(prompt_index)
+
+    def bind_uids(self, uids, prompt_index) -> None:
+        """Remember the dataset row of each of this step's uids (verl's ``non_tensor_batch``
+        ``"uid"`` and ``"index"``, one per prompt or per response); the next call that gets no
+        ``prompt_index`` looks its responses' rows up by uid. Replaces the previous binding."""
+        rows = _host_ids(prompt_index)
+        uids = _host_keys(uids)
+        if uids.shape != rows.shape:
+            raise ValueError(f"prompt_index: expected one dataset row per uid ({uids.shape[0]}), "
+                             f"got shape {rows.shape}")
+        self._rows_by_uid = dict(zip(uids.tolist(), rows.tolist()))
 
     def __call__(self, token_level_rewards: torch.Tensor, response_mask: torch.Tensor,
                  index, epsilon: float = 1e-6, norm_adv_by_std_in_grpo: Optional[bool] = None,
@@ -177,11 +200,13 @@ class LZEAdvantage:
             raise ValueError(f"index: expected {scores.shape[0]} uids (one per response), "
                              f"got {groups.row.shape[0]}")
         raw, valid = _layout(scores, groups)
-        prompt_ids = self._group_prompt_ids(prompt_index, groups)
+        prompt_ids = self._group_prompt_ids(self._rows(prompt_index, index), groups)
 
         selection = select_groups(self.policy, self.selector, raw, prompt_ids, valid,
                                   self.score_fn, ids_checked=True)
         advantages = self._advantages(raw, valid, groups.width, selection, epsilon, norm)
+        if self.zero_dropped:
+            advantages = advantages * selection.keep.unsqueeze(1)
         flat = advantages.view(-1)
         per_response = flat if groups.blocked else flat.index_select(0, groups.cell)
         advantages = _broadcast(per_response.to(out_device, rewards_dtype), response_mask)
@@ -204,6 +229,20 @@ class LZEAdvantage:
 
     # ------------------------------------------------------------------------- internals
 
+    def _rows(self, prompt_index, index):
+        """The rows passed, else those bound by :meth:`bind_uids` looked up by uid (once)."""
+        if prompt_index is not None or not self._rows_by_uid:
+            return prompt_index
+        uids = _host_keys(index).tolist()
+        missing = [uid for uid in uids if uid not in self._rows_by_uid]
+        if missing:
+            raise ValueError(f"index: {len(missing)} uids were not bound by bind_uids (e.g. "
+                             f"{missing[0]!r}); bind each step's uids before verl computes "
+                             "advantages")
+        rows = np.fromiter(map(self._rows_by_uid.__getitem__, uids), np.int64, len(uids))
+        self._rows_by_uid = {}
+        return rows
+
     def _group_prompt_ids(self, prompt_index, groups: UidGroups) -> torch.Tensor:
         """[num_groups] dataset rows; the first response's row, checked for the whole group."""
         ids = self._bound if prompt_index is None else _host_ids(prompt_index)
@@ -212,7 +251,8 @@ class LZEAdvantage:
             if self.policy == "dapo":  # stateless: the ids are only reported
                 return torch.full_like(groups.first, -1)
             raise ValueError("prompt_index: LZE needs each response's dataset row (verl: "
-                             "non_tensor_batch['index']); pass it or call bind() first")
+                             "non_tensor_batch['index']); pass it, or call bind() or bind_uids() "
+                             "before each call")
         if ids.shape != tuple(groups.row.shape):
             raise ValueError(f"prompt_index: expected {groups.row.shape[0]} dataset rows (one "
                              f"per response), got shape {tuple(ids.shape)}")

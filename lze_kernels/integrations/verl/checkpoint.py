@@ -1,0 +1,88 @@
+"""The selection state inside verl's own checkpoint (``global_step_N/data.pt``).
+
+Both verl trainers save ``train_dataloader.state_dict()`` to ``data.pt`` and restore it on resume.
+torchdata's ``StatefulDataLoader`` puts the dataset's ``state_dict()`` into that state when the
+dataset has one, and gives it back through ``load_state_dict`` when the next epoch iterator is
+made (on resume: before the first batch, so before the first selection). :class:`LZERLHFDataset`
+(``data.custom_cls``) is verl's ``RLHFDataset`` with that state: the state of the selection
+parts registered in this process (:func:`register`: the v1 replay buffer, the legacy estimator,
+the forward sampler), so the selector's history resumes exactly with the weights and the
+dataloader. A part registered after a restore gets its state on registration.
+
+The dataset must live in the trainer's process (``data.dataloader_num_workers=0``): a worker holds
+a copy whose state the selection never updates, so ``__getitem__`` refuses to run in one.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+_PARTS: dict = {}
+_PENDING: dict = {}
+
+
+class Stateful(Protocol):
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+def register(name: str, part: Stateful) -> None:
+    """Make ``part``'s state travel in verl's checkpoint under ``name`` (one part per name in
+    this process; a later registration replaces the earlier one). A state restored before the
+    part existed is loaded into it now."""
+    for method in ("state_dict", "load_state_dict"):
+        if not callable(getattr(part, method, None)):
+            raise ValueError(f"part: expected an object with {method}(), got "
+                             f"{type(part).__name__}")
+    _PARTS[name] = part
+    if name in _PENDING:
+        part.load_state_dict(_PENDING.pop(name))
+
+
+def unregister(name: str) -> None:
+    _PARTS.pop(name, None)
+    _PENDING.pop(name, None)
+
+
+def state_dict() -> dict:
+    """``{name: part.state_dict()}`` of the registered parts."""
+    return {name: part.state_dict() for name, part in _PARTS.items()}
+
+
+def load_state_dict(state: dict) -> None:
+    """Restore :func:`state_dict`; parts not registered yet get theirs on registration."""
+    if not isinstance(state, dict):
+        raise ValueError(f"state: expected a dict of part states, got {type(state).__name__}")
+    for name, part_state in state.items():
+        if name in _PARTS:
+            _PARTS[name].load_state_dict(part_state)
+        else:
+            _PENDING[name] = part_state
+
+
+def _dataset_base():
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    return RLHFDataset
+
+
+class LZERLHFDataset(_dataset_base()):
+    """verl's ``RLHFDataset`` carrying the selection state in the dataloader checkpoint
+    (``data.custom_cls.path=pkg://lze_kernels.integrations.verl.checkpoint``,
+    ``data.custom_cls.name=LZERLHFDataset``)."""
+
+    def __getitem__(self, item):
+        if torch.utils.data.get_worker_info() is not None:
+            raise RuntimeError("data.dataloader_num_workers: LZE selection needs 0 (the dataset "
+                               "and its selection state must live in the trainer's process; a "
+                               "worker's copy would be stale)")
+        return super().__getitem__(item)
+
+    def state_dict(self) -> dict:
+        return {"lze_selection": state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        load_state_dict(state.get("lze_selection", {}))

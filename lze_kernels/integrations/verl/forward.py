@@ -1,0 +1,167 @@
+"""Forward selection for verl: the sampler that chooses which prompts verl rolls out.
+
+:class:`ForwardSampler` is a ``torch.utils.data.Sampler`` of dataset rows for verl's
+``StatefulDataLoader`` (the legacy ``RayPPOTrainer``'s ``train_sampler``). After each training step :meth:`ForwardSampler.observe` gets the
+rewards of the groups verl generated (:class:`~.legacy.LZERayPPOTrainer` calls it), so the next
+batch is drawn from fresh state. Each dataloader epoch yields the whole batches of
+``num_prompts`` rows. Methods:
+
+* ``"pruner"``: rows in a seeded permutation per pass, skipping the prompts LZE's forward pruner
+  has pruned unless drawn for replay (:meth:`LZESelector.rollout_mask`; a new pass draws the
+  replays, :meth:`LZESelector.begin_epoch`). Its state is the estimator's selector (SPEC 5).
+* ``"greso"``: the same permutation, each candidate kept by GRESO's seeded skip draw
+  (:class:`~lze_kernels.greso.GresoFilter`, Zheng et al. 2025, arXiv 2506.02177), which
+  :meth:`observe` updates with each group's rewards.
+* ``"dots"``: each batch drawn without replacement with probability ``∝ exp(-|p_hat - 1/2| /
+  tau)`` (:func:`lze_kernels.dots.sample_near_half`, Sun et al. 2025), ``p_hat`` predicted from
+  the pass rates observed so far by attention over fixed prompt embeddings
+  (:func:`lze_kernels.dots.predict_pass_rates`); 1/2 for all until a prompt has been seen.
+
+A pass that finds no eligible prompt in ``num_prompts`` candidates yields the next candidate
+anyway (the batch must be full), as ``take_eligible`` pads. The state (pass, position, step and
+the method's own) is :meth:`state_dict`; torchdata's ``StatefulDataLoader`` saves it in verl's
+``data.pt`` and restores it before the next batch, so a resume continues the same sequence.
+The sampler draws a batch when the dataloader asks for it: with ``dataloader_num_workers > 0``
+verl's dataloader draws batches ahead, before the previous step's rewards are observed, so
+:class:`~.legacy.LZERayPPOTrainer` refuses that setting.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, Optional
+
+import torch
+from torch.utils.data import Sampler
+
+from ... import dots
+from ...greso import GresoFilter
+from ...selector import LZESelector
+
+METHODS = ("pruner", "greso", "dots")
+_FORMAT = "lze_kernels.verl.forward/1"
+
+
+class ForwardSampler(Sampler[int]):
+    """Dataset rows for verl's dataloader, chosen by ``method`` from the observed rewards."""
+
+    def __init__(self, num_prompts: int, batch_size: int, method: str, *, seed: int = 0,
+                 selector: Optional[LZESelector] = None, greso: Optional[GresoFilter] = None,
+                 embeddings: Optional[torch.Tensor] = None, tau: float = 1e-3,
+                 attention_tau: float = 1.0):
+        if method not in METHODS:
+            raise ValueError(f"method: expected one of {METHODS}, got {method!r}")
+        if not isinstance(num_prompts, int) or num_prompts < 1:
+            raise ValueError(f"num_prompts: expected an int >= 1, got {num_prompts!r}")
+        if not isinstance(batch_size, int) or not 1 <= batch_size <= num_prompts:
+            raise ValueError(f"batch_size: expected an int in [1, {num_prompts}], got "
+                             f"{batch_size!r}")
+        needed = {"pruner": ("selector", selector), "greso": ("greso", greso),
+                  "dots": ("embeddings", embeddings)}[method]
+        if needed[1] is None:
+            raise ValueError(f"{needed[0]}: method {method!r} needs it")
+        _check_size(method, num_prompts, selector, greso, embeddings)
+        self.num_prompts, self.batch_size, self.method, self.seed = (num_prompts, batch_size,
+                                                                      method, seed)
+        self.selector, self.greso, self.tau, self.attention_tau = selector, greso, tau, attention_tau
+        self.embeddings = None if embeddings is None else embeddings.float()
+        self.labels = torch.full((num_prompts,), float("nan"))  # DOTS: observed pass rates
+        self.passes, self.position, self.steps = 0, 0, 0
+        self._eligible: Optional[torch.Tensor] = None  # of the current pass, until observe
+        self._drawn: list[int] = []  # DOTS: rows of the current batch not yet yielded
+
+    def __len__(self) -> int:
+        """Whole batches only: verl's dataloader drops a last partial batch, and a DOTS draw
+        must not outlive its step."""
+        return self.num_prompts // self.batch_size * self.batch_size
+
+    def __iter__(self) -> Iterator[int]:
+        for _ in range(len(self)):
+            yield self._next_dots_row() if self.method == "dots" else self._next_row()
+
+    def observe(self, prompt_ids: torch.Tensor, rewards: torch.Tensor,
+                valid: Optional[torch.Tensor] = None) -> None:
+        """One training step's groups: ``prompt_ids`` [B] dataset rows, ``rewards`` [B, G] in
+        [0, 1] (``valid`` [B, G]: the scored responses; None: all)."""
+        if valid is None:
+            valid = torch.ones_like(rewards, dtype=torch.bool)
+        if self.method == "greso":
+            self.greso.observe(prompt_ids, rewards, valid)
+        elif self.method == "dots":
+            counts = valid.sum(dim=1)
+            rates = torch.where(valid, rewards, 0.0).sum(dim=1) / counts.clamp(min=1)
+            self.labels[prompt_ids] = torch.where(counts > 0, rates.float(),
+                                                  self.labels[prompt_ids])
+        self.steps += 1
+        self._eligible = None
+
+    def state_dict(self) -> dict:
+        state = {"format": _FORMAT, "passes": self.passes, "position": self.position,
+                 "steps": self.steps, "labels": self.labels.clone(), "drawn": list(self._drawn)}
+        if self.greso is not None:
+            state["greso"] = self.greso.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        if not isinstance(state, dict) or state.get("format") != _FORMAT:
+            raise ValueError(f"state: expected a ForwardSampler state ({_FORMAT!r})")
+        if tuple(state["labels"].shape) != (self.num_prompts,):
+            raise ValueError(f"state: saved for {state['labels'].shape[0]} prompts, this sampler "
+                             f"has {self.num_prompts}")
+        if self.greso is not None:
+            self.greso.load_state_dict(state["greso"])
+        self.passes, self.position, self.steps = state["passes"], state["position"], state["steps"]
+        self.labels = state["labels"].clone()
+        self._drawn = list(state["drawn"])
+        self._eligible = None
+
+    # ------------------------------------------------------------------------- internals
+
+    def _permutation(self) -> torch.Tensor:
+        """The rows of the current pass: a permutation keyed by (seed, pass)."""
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.passes)
+        return torch.randperm(self.num_prompts, generator=generator)
+
+    def _next_row(self) -> int:
+        """Pruner / GRESO: the next eligible candidate of the permutation."""
+        for _ in range(self.num_prompts):
+            row, eligible = self._advance()
+            if eligible:
+                return row
+        return row  # a whole pass of ineligible candidates: keep the batch full
+
+    def _advance(self) -> tuple[int, bool]:
+        if self.position == self.num_prompts:
+            self.passes, self.position, self._eligible = self.passes + 1, 0, None
+            if self.method == "pruner":
+                self.selector.begin_epoch()
+        if self._eligible is None:
+            rows = self._permutation()
+            mask = (self.selector.rollout_mask(rows) if self.method == "pruner"
+                    else self.greso.rollout_mask(rows, self.steps))
+            self._eligible = torch.stack([rows, mask.long()], dim=1).tolist()
+        row, eligible = self._eligible[self.position]
+        self.position += 1
+        return row, bool(eligible)
+
+    def _next_dots_row(self) -> int:
+        if not self._drawn:
+            step = torch.tensor([self.steps], dtype=torch.int64)
+            self._drawn = dots.sample_near_half(self._predicted(), self.batch_size, self.tau,
+                                                self.seed, step).tolist()
+        return self._drawn.pop(0)
+
+    def _predicted(self) -> torch.Tensor:
+        """[N] predicted pass rates from the prompts observed so far (1/2 before any)."""
+        seen = ~torch.isnan(self.labels)
+        if not seen.any():
+            return torch.full((self.num_prompts,), 0.5)
+        return dots.predict_pass_rates(self.embeddings, self.embeddings[seen],
+                                       self.labels[seen], self.attention_tau)
+
+
+def _check_size(method, num_prompts, selector, greso, embeddings) -> None:
+    size = {"pruner": lambda: selector.num_prompts, "greso": lambda: greso.num_prompts,
+            "dots": lambda: embeddings.shape[0]}[method]()
+    if size != num_prompts:
+        raise ValueError(f"num_prompts: the {method} state holds {size} prompts, expected "
+                         f"{num_prompts}")

@@ -1,0 +1,185 @@
+"""LZE and DAPO selection in verl's v1 trainer: a ReplayBuffer that picks each training batch's groups.
+
+verl 0.9.1's default trainer (``trainer.use_v1``) asks its ReplayBuffer for each batch
+(``sample(global_steps, partition_id, batch_size)``) and trains on exactly the trajectories it
+returns; the estimator it calls afterwards sees only fresh uuid4 uids. So v1's selection point is
+the buffer (``trainer.v1.sampler.custom_sampler.{path,name}``): it sees every finished group with
+its rewards and its dataset row (the ``index`` field the agent loop stores with each trajectory),
+and the groups it leaves out cost no actor update at all.
+
+:class:`LZEReplayBuffer` (sync trainer only):
+
+1. The trainer has dispatched ``batch_size`` prompts (``prepare_step``); the buffer dispatches
+   ``ceil(batch_size / keep_ratio) - batch_size`` more through verl's ``refill_fn`` (LZE: rollout
+   ``B``, keep ``k = floor(B * keep_ratio)``, SPEC 4; DAPO: no extra).
+2. verl's own ``ReplayBuffer.sample`` waits for all of them and materialises the groups.
+3. The policy keeps whole groups: LZE the top-k by energy among groups with energy > 0
+   (:class:`~lze_kernels.LZESelector`, its state keyed by dataset row), DAPO the groups whose
+   rewards are not all equal. The dropped groups' trajectories are cleared from TransferQueue.
+4. While fewer than ``batch_size`` groups are kept, the buffer refills the shortfall through
+   ``refill_fn`` (``ceil(missing / keep_ratio)`` prompts for LZE, ``missing`` for DAPO) and
+   selects again, at most ``max_rounds`` rounds; then it trains on what it kept.
+
+Options come from ``trainer.v1.sampler.sampler_kwargs``: ``policy`` (``lze`` / ``dapo``),
+``num_prompts`` (dataset size, LZE), ``lze`` (a dict of :class:`~lze_kernels.LZEConfig` fields),
+``max_rounds`` (default 4), ``gen_batch_size`` (the refill granularity, must equal
+``data.gen_batch_size``; default 1), ``success_threshold`` (LZE's pass rate counts a response as
+solved when its reward exceeds it; default: the reward itself, which must lie in [0, 1]) and
+``index_field`` (default ``index``). The selector state is :meth:`state_dict` /
+:meth:`load_state_dict`; in a run it travels in verl's ``data.pt`` (the buffer registers itself
+in :mod:`.checkpoint`; set ``data.custom_cls`` to its ``LZERLHFDataset``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import numpy as np
+import torch
+import transfer_queue as tq
+from transfer_queue import KVBatchMeta
+from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+
+from ...config import LZEConfig
+from ...selector import LZESelector
+from ..selection import check_policy, select_groups, selection_metrics
+from . import checkpoint
+from .estimator import _check_rows, _layout, group_by_uid
+
+REWARD_FIELD = "rm_scores"  # verl's token-level reward of each trajectory (the canonical one)
+
+
+class LZEReplayBuffer(ReplayBuffer):
+    """verl's sync ReplayBuffer whose batches hold the groups LZE (or DAPO) keeps."""
+
+    def __init__(self, trainer_mode: str, trainer_config, max_off_policy_threshold,
+                 max_off_policy_strategy: str, sampler_kwargs, poll_interval: float = 2.0,
+                 refill_fn=None):
+        if trainer_mode != "sync":
+            raise ValueError(f"trainer.v1.trainer_mode: LZEReplayBuffer selects on-policy groups "
+                             f"of the sync trainer; expected 'sync', got {trainer_mode!r}")
+        if refill_fn is None:
+            raise ValueError("refill_fn: LZEReplayBuffer needs verl's refill to roll out its "
+                             "extra candidates")
+        super().__init__(trainer_mode, trainer_config, max_off_policy_threshold,
+                         max_off_policy_strategy, sampler_kwargs, poll_interval, refill_fn)
+        options = dict(sampler_kwargs or {})
+        self.policy = options.pop("policy", "lze")
+        check_policy(self.policy)
+        self.max_rounds = _positive_int(options.pop("max_rounds", 4), "max_rounds")
+        self.refill_size = _positive_int(options.pop("gen_batch_size", 1), "gen_batch_size")
+        self.index_field = str(options.pop("index_field", "index"))
+        threshold = options.pop("success_threshold", None)
+        self.score_fn = None if threshold is None else (lambda r: (r > float(threshold)).float())
+        num_prompts = options.pop("num_prompts", None)
+        config = LZEConfig.from_dict(dict(options.pop("lze", None) or {}))
+        if options:
+            raise ValueError(f"sampler_kwargs: unknown options {sorted(options)}; expected policy, "
+                             "num_prompts, lze, max_rounds, gen_batch_size, success_threshold, "
+                             "index_field")
+        self.keep_ratio = config.keep_ratio if self.policy == "lze" else 1.0
+        self.selector: Optional[LZESelector] = None
+        if self.policy == "lze":
+            self.selector = LZESelector(num_prompts, config, "cpu")
+        self.last_metrics: dict = {}
+        checkpoint.register("replay_buffer", self)
+
+    def sample(self, global_steps: int, partition_id: str, batch_size: int):
+        """verl's ``sample``: ``(KVBatchMeta, metrics)`` holding up to ``batch_size`` groups."""
+        if partition_id == "val":
+            return super().sample(global_steps, partition_id, batch_size)
+        keys, tags, metrics = [], [], {}
+        # prepare_step dispatched batch_size prompts; roll out LZE's extra candidates beside them.
+        candidates = batch_size + self._refill(self._candidates(batch_size) - batch_size)
+        kept_groups = rounds = 0
+        while True:
+            rounds += 1
+            batch, round_metrics = super().sample(global_steps, partition_id, candidates)
+            _add_counts(metrics, round_metrics)
+            round_keys, round_tags, num_kept = self._select(batch, batch_size - kept_groups)
+            keys += round_keys
+            tags += round_tags
+            kept_groups += num_kept
+            if kept_groups >= batch_size or rounds >= self.max_rounds:
+                break
+            candidates = self._refill(self._candidates(batch_size - kept_groups))
+        if kept_groups == 0:
+            raise RuntimeError(f"LZEReplayBuffer: no group kept in {rounds} rounds (every group "
+                               "had equal rewards); raise sampler_kwargs.max_rounds")
+        metrics.update({"lze/rounds": rounds, "lze/kept_groups": kept_groups,
+                        **self.last_metrics})
+        return KVBatchMeta(partition_id=partition_id, keys=keys, tags=tags), metrics
+
+    def state_dict(self) -> dict:
+        return {} if self.selector is None else {"selector": self.selector.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.selector is not None:
+            self.selector.load_state_dict(state["selector"])
+
+    # ------------------------------------------------------------------------- internals
+
+    def _candidates(self, groups: int) -> int:
+        """Prompts to roll out so that the policy can keep ``groups`` of them, rounded up to
+        whole dataloader fetches beyond the trainer's own batch."""
+        return math.ceil(groups / self.keep_ratio - 1e-9)
+
+    def _refill(self, prompts: int) -> int:
+        """Dispatch ``prompts`` (rounded up to whole ``gen_batch_size`` fetches) through verl."""
+        if prompts <= 0:
+            return 0
+        prompts = -(-prompts // self.refill_size) * self.refill_size
+        self.refill_fn(prompts)
+        return prompts
+
+    def _select(self, batch: KVBatchMeta, wanted: int):
+        """``(keys, tags, num_kept)`` of the best ``wanted`` groups the policy keeps in ``batch``;
+        the trajectories of the others are cleared from TransferQueue."""
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
+                               select_fields=[REWARD_FIELD, self.index_field])
+        scores = torch.stack([reward.sum() for reward in data[REWARD_FIELD]]).float()
+        groups = group_by_uid(np.array([key.split("_")[0] for key in batch.keys], dtype=object),
+                              "cpu")
+        raw, valid = _layout(scores, groups)
+        rows = self._group_rows(data[self.index_field], groups)
+        selection = select_groups(self.policy, self.selector, raw, torch.as_tensor(rows), valid,
+                                  self.score_fn, ids_checked=True)
+        ranked = (selection.step.kept_indices if selection.step is not None
+                  else selection.keep.nonzero().view(-1))  # LZE: by descending score
+        chosen = ranked[ranked >= 0][:wanted].tolist()
+        self.last_metrics = selection_metrics(selection, self.selector)
+        keep_group = np.zeros(groups.first.shape[0], dtype=bool)
+        keep_group[chosen] = True
+        keep = keep_group[groups.host_row]
+        dropped = [key for key, kept in zip(batch.keys, keep) if not kept]
+        if dropped:
+            tq.kv_clear(keys=dropped, partition_id=batch.partition_id)
+        keys = [key for key, kept in zip(batch.keys, keep) if kept]
+        tags = [tag for tag, kept in zip(batch.tags, keep) if kept]
+        return keys, tags, len(chosen)
+
+    def _group_rows(self, values, groups) -> np.ndarray:
+        """[num_groups] dataset row of each group, checked to be one row per group."""
+        if values is None:
+            raise ValueError(f"index_field: the trajectories carry no {self.index_field!r} field")
+        listed = values.tolist() if hasattr(values, "tolist") else list(values)
+        rows = np.asarray(listed, dtype=np.int64).reshape(-1)
+        group_rows = rows[groups.host_first]
+        if (rows != group_rows[groups.host_row]).any():
+            raise ValueError(f"index_field: trajectories of one uid carry different "
+                             f"{self.index_field!r} rows")
+        if self.selector is not None:
+            _check_rows(group_rows, self.selector.num_prompts)
+        return group_rows
+
+
+def _add_counts(total: dict, new: dict) -> None:
+    for key, value in new.items():
+        total[key] = total.get(key, 0) + value if isinstance(value, (int, float)) else value
+
+
+def _positive_int(value, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"sampler_kwargs.{name}: expected an int >= 1, got {value!r}")
+    return value
