@@ -89,10 +89,11 @@ class GresoFilter:
         return u < self.keep_probability(prompt_ids)
 
     def observe(self, prompt_ids: torch.Tensor, rewards: torch.Tensor,
-                valid: torch.Tensor) -> None:
+                valid: torch.Tensor, adapt: bool = True) -> None:
         """Update the streaks of the step's prompts ([B] distinct ids, [B, G] binary rewards and
-        validity; rows without responses keep their state) and adapt ``p`` to the step's
-        zero-variance shares among the groups generated."""
+        validity; rows without responses keep their state) and, if ``adapt``, move ``p`` toward
+        the targets by the step's zero-variance shares among the groups generated (the official
+        code adapts only from the second epoch on: ``adapt=False`` in the first)."""
         responded = valid.any(dim=1)
         all_right = responded & torch.where(valid, rewards >= 1, True).all(dim=1)
         all_wrong = responded & torch.where(valid, rewards <= 0, True).all(dim=1)
@@ -101,6 +102,8 @@ class GresoFilter:
         streak = torch.where(kind == 0, 0, torch.where(kind == old_kind, old_streak + 1, 1))
         self.streak[prompt_ids] = torch.where(responded, streak.to(torch.int32), old_streak)
         self.kind[prompt_ids] = torch.where(responded, kind, old_kind)
+        if not adapt:
+            return
         generated = responded.sum().clamp(min=1).float()
         shares = torch.stack([all_right.sum(), all_wrong.sum()]).float() / generated
         targets = torch.tensor(self.config.targets, device=self.device)

@@ -94,3 +94,15 @@ def test_draw_and_update_run_on_fake_tensors():
         ids = torch.randperm(100)[:16]
         assert f.rollout_mask(ids, step=3).shape == (16,)
         f.observe(ids, torch.rand(16, 4).round(), torch.ones(16, 4, dtype=torch.bool))
+
+
+def test_observe_without_adapting_updates_streaks_but_not_p():
+    # The official trainer adapts p only from the second epoch (``if epoch > 0``).
+    f = GresoFilter(3, GresoConfig(delta=0.1, initial=0.5))
+    observe(f, [0, 1, 2], [ALL_RIGHT, ALL_RIGHT, ALL_WRONG])
+    moved = f.p.clone()
+    f.p.fill_(0.5)
+    f.observe(torch.tensor([0, 1, 2]), torch.tensor([ALL_RIGHT, ALL_RIGHT, ALL_WRONG]),
+              torch.ones(3, 4, dtype=torch.bool), adapt=False)
+    assert f.p.tolist() == [0.5, 0.5] and f.streak.tolist() == [2, 2, 2]
+    assert moved.tolist() != [0.5, 0.5]

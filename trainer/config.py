@@ -106,8 +106,10 @@ class SelectionConfig:
     greso_easy_share: float = 0.3333333333333333  # greso: part of that target for all-correct groups (the rest all-wrong)
     greso_step: float = 0.01  # greso: change of p_easy / p_hard per step
     greso_initial: float = 0.5  # greso: p_easy and p_hard at start (clamped to [0.05, 0.95])
-    speed_screen_rollouts: int = 4  # speed: rollouts per candidate in the screening round
-    speed_max_rounds: int = 4  # speed: screening rounds per step to fill the batch with mixed prompts
+    speed_screen_rollouts: int = 4  # speed: n_init, rollouts per candidate in its screening (the group of rollout.n continues with n - n_init); at most a third of rollout.n keeps screening cheap (the official 4 of 24, 8 of 24)
+    fill_factor: Optional[float] = None  # dapo / greso / speed / lze refill: prompts a generation round rolls out (speed: screens) per training row; None = the official ratio: dapo 3 (gen_batch_size 3B), greso 1.5 (384 / 256), speed 4 (64 / 16), lze refill 1
+    fill_max_rounds: Optional[int] = None  # dapo / greso / speed / lze refill: generation rounds per step at most, then the step trains on the groups it has (fill/capped); None = dapo 10 (max_num_gen_batches), speed 50, greso 50 (official: unbounded), lze refill 10
+    refill: bool = False  # lze: top-up rounds (the loop dapo / greso / speed fill their batch with) until ceil(keep_ratio x B) groups have mixed rewards (energy > 0), so the top-k quota is met; off: LZE as published
     speed_prefilter: Literal["none", "greso"] = "none"  # speed: greso thins the candidates before screening with GRESO's skip draw (the greso_* settings), fed by the screening rewards
     keep_top_energy: bool = False  # dots / greso / speed: train only LZE's top floor(B * keep_ratio) of the chosen groups by energy (forward and backward selection combined)
     entropy_filter: bool = False  # HIVE (uniform / dapo / lze): before rollout, shortlist by reward history (4 p (1 - p) of the pass-rate EMA, unseen prompts first) then roll out the top hive_keep_share of the shortlist by prompt entropy (one prefill each)
@@ -264,7 +266,7 @@ def _validate_methods(c: Config) -> None:
     """The forward-selection methods' keys (lze_trainer.methods) and which switches combine."""
     s, policy = c.selection, c.selection.policy
     _positive(c, "selection.dots_every", "selection.dots_reference_size", "selection.dots_tau",
-              "selection.dots_attention_tau", "selection.speed_max_rounds",
+              "selection.dots_attention_tau",
               "selection.dots_predictor_prompts", "selection.dots_predictor_hidden",
               "selection.dots_predictor_layers", "selection.dots_predictor_epochs",
               "selection.dots_predictor_time_s", "selection.dots_predictor_lr",
@@ -295,22 +297,44 @@ def _validate_budget(t: "TrainerConfig") -> None:
              "without the pruner (HIVE chooses the prompts from the sampler itself)", True)
     _require(0 < s.schedule_floor <= s.schedule_target <= 1, "selection.schedule_target",
              "0 < schedule_floor <= schedule_target <= 1", (s.schedule_floor, s.schedule_target))
-    _require(1 <= s.speed_screen_rollouts <= c.rollout.n, "selection.speed_screen_rollouts",
-             f"an int in [1, rollout.n = {c.rollout.n}]", s.speed_screen_rollouts)
+    _require(1 <= s.speed_screen_rollouts < c.rollout.n or policy != "speed",
+             "selection.speed_screen_rollouts",
+             f"an int in [1, rollout.n = {c.rollout.n}) (the group continues past the "
+             "screening)", s.speed_screen_rollouts)
+    _validate_fill(c)
     _require(s.keep_ratio_schedule == "fixed" or policy == "lze", "selection.keep_ratio_schedule",
              "fixed unless selection.policy=lze", s.keep_ratio_schedule)
     _require(not s.prune or policy in ("uniform", "dapo", "lze"), "selection.prune",
              f"false with selection.policy={policy} (it chooses its own prompts)", s.prune)
-    _require(not (policy == "speed" and c.rollout.allocation), "rollout.allocation",
-             "false with selection.policy=speed (screening fixes the group size)", True)
     _require(s.speed_prefilter == "none" or policy == "speed", "selection.speed_prefilter",
              "none unless selection.policy=speed", s.speed_prefilter)
     _require(not s.keep_top_energy or policy in ("dots", "greso", "speed"),
              "selection.keep_top_energy",
              f"false with selection.policy={policy} (lze keeps the top energies already; "
              "uniform and dapo with it would be lze)", s.keep_top_energy)
-    _require(not (policy == "speed" and s.entropy_filter), "selection.entropy_filter",
-             "false with selection.policy=speed (its prompts are chosen while rolling out)", True)
+
+
+def _validate_fill(c: Config) -> None:
+    """The batch-filling loop's keys (lze_trainer.methods.fill) and what it cannot combine with:
+    it chooses its prompts while rolling out, a full group each."""
+    s, policy = c.selection, c.selection.policy
+    _require(s.fill_factor is None or s.fill_factor > 0, "selection.fill_factor",
+             "null or a float > 0", s.fill_factor)
+    _require(s.fill_max_rounds is None or s.fill_max_rounds >= 1, "selection.fill_max_rounds",
+             "null or an int >= 1", s.fill_max_rounds)
+    _require(not s.refill or policy == "lze", "selection.refill",
+             f"false with selection.policy={policy} (dapo, greso and speed always fill; refill "
+             "is LZE's switch)", s.refill)
+    filling = policy in ("dapo", "greso", "speed") or s.refill
+    if filling:
+        what = f"selection.policy={policy}" + (" with selection.refill" if s.refill else "")
+        _require(not s.prune, "selection.prune",
+                 f"false with {what} (its loop draws its own candidates)", s.prune)
+        _require(not c.rollout.allocation, "rollout.allocation",
+                 f"false with {what} (its loop rolls out full groups)", c.rollout.allocation)
+        _require(not s.entropy_filter, "selection.entropy_filter",
+                 f"false with {what} (its prompts are chosen while rolling out)",
+                 s.entropy_filter)
 
 
 def validate_world(c: Config, world_size: int) -> None:

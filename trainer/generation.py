@@ -26,7 +26,8 @@ from .rollout import SamplingSpec
 
 # Engine seed offsets per purpose: each purpose samples its own stream.
 _PURPOSE_SEEDS = {"train": 0, "eval": 1, "reference": 2, "screening": 3, "continuation": 4,
-                  "predictor": 5}  # predictor: DOTS's offline labels (methods.dots_predictor)
+                  "predictor": 5,  # predictor: DOTS's offline labels (methods.dots_predictor)
+                  "refill": 6}  # refill: dynamic sampling's top-up rounds (methods.fill)
 # Purposes whose rollouts extend groups booked already (SPEED's continuation of its screened
 # prompts): their tokens and rollouts count, their groups do not count again.
 _EXTENDING = {"continuation"}
@@ -77,22 +78,26 @@ class Generation:
 
     # ------------------------------------------------------------------ generate and score
 
-    def generate_and_score(self, prompt_ids: Sequence[int], counts: Sequence[int], purpose: str,
-                           rows: Sequence[int] | None = None, round: int = 0
-                           ) -> list[RolloutGroup]:
+    def generate_and_score(self, prompt_ids: Sequence[int], counts: Sequence[int],
+                           purpose: str | Sequence[str], rows: Sequence[int] | None = None,
+                           round: int = 0) -> list[RolloutGroup]:
         """``counts[i]`` responses to dataset prompt ``prompt_ids[i]``, scored, as groups whose
-        ``row`` is ``rows[i]`` (default: ``i``). Every call of one step needs its own
-        (``purpose``, ``round``) so that it samples a stream of its own, reproducibly."""
+        ``row`` is ``rows[i]`` (default: ``i``). ``purpose`` is the call's, or one per prompt (one
+        engine call serving several, e.g. SPEED's continuations fused with a screening: each
+        booked under its own). Every call of one step needs its own (last purpose, ``round``) so
+        that it samples a stream of its own, reproducibly."""
+        purposes = [purpose] * len(prompt_ids) if isinstance(purpose, str) else list(purpose)
         rows = list(range(len(prompt_ids))) if rows is None else list(rows)
         prompts = [self.train.token_ids[pid] for pid in prompt_ids]
         with self.timer("rollout"):
             completions = self.engine.generate(prompts, list(counts), self.sampling,
-                                               seed=self.seed(purpose, round))
+                                               seed=self.seed(purposes[-1], round))
         groups = [RolloutGroup(row=row, prompt_id=pid, prompt=prompt, responses=c, rewards=[])
                   for row, pid, prompt, c in zip(rows, prompt_ids, prompts, completions)]
         with self.timer("reward"):
             self._score(groups)
-        self._book(groups, purpose)
+        for kind in dict.fromkeys(purposes):
+            self._book([g for g, p in zip(groups, purposes) if p == kind], kind)
         return groups
 
     def seed(self, purpose: str, round: int = 0) -> int:

@@ -435,7 +435,7 @@ def _check_batch_fits(cfg: Config, rows: int) -> None:
         drawn = max(s.dots_reference_size, B * s.dots_every)
         what = (f"max(selection.dots_reference_size, trainer.batch_size x selection.dots_every) "
                 f"= {drawn}")
-    elif s.prune or s.policy in ("greso", "speed"):
+    elif s.prune:
         drawn = math.ceil(B * s.candidate_factor)
         what = f"trainer.batch_size x selection.candidate_factor = {drawn}"
     else:

@@ -5,13 +5,16 @@ builds the configured one with :func:`build` and calls its phases (:class:`Metho
 combine with any policy (the forward pruner, rollout allocation, HIVE's entropy check, rollout
 replay) wrap the built method's parts.
 
-* ``uniform``: every group (plain GRPO); ``dapo``: groups with non-zero reward variance (DAPO
-  dynamic sampling, Yu et al. 2025); ``lze``: the top ``floor(keep_ratio x B)`` groups by
-  Learning-Zone Energy (SPEC 3-4), with a fixed keep ratio or the LZE release's schedule
-  (:mod:`.lze_schedule`) — these roll out the sampler's next B prompts;
+* ``uniform``: every group (plain GRPO), the sampler's next B prompts; ``dapo``: DAPO's dynamic
+  sampling (Yu et al. 2025): generation rounds until B groups with non-zero reward variance are
+  collected (:mod:`.fill`); ``lze``: the top ``floor(keep_ratio x B)`` groups by Learning-Zone
+  Energy (SPEC 3-4) of the sampler's next B prompts, with a fixed keep ratio or the LZE
+  release's schedule (:mod:`.lze_schedule`);
 * ``dots`` (:mod:`.dots`), ``greso`` (:mod:`.greso`), ``speed`` (:mod:`.speed`): choose before
-  rollout by predicted difficulty, by zero-variance streaks, or by a screening round;
-* switches: ``selection.entropy_filter`` (HIVE, :mod:`.hive`), ``replay.ratio`` (Rollout
+  rollout by predicted difficulty, by zero-variance streaks (on dynamic sampling), or by a
+  screening round (filling the batch, carrying surplus to the next step);
+* switches: ``selection.refill`` (LZE: top-up rounds until the top-k quota has groups with
+  energy > 0, the loop of :mod:`.fill`), ``selection.entropy_filter`` (HIVE, :mod:`.hive`), ``replay.ratio`` (Rollout
   Replay, :mod:`.replay`), ``selection.keep_top_energy`` (a method that chooses before rollout
   then trains only LZE's top ``floor(keep_ratio x B)`` of its groups by energy, e.g. SPEED's
   screened batch: forward and backward selection combined).
@@ -23,6 +26,7 @@ from typing import Callable
 
 from .base import (Method, MethodContext, PromptPlan, SampledPrompts, StepBatch, keep_all,
                    keep_mixed, keep_top_energy)
+from .fill import FillingPrompts, fill_rule
 
 Builder = Callable[[MethodContext], Method]
 _REGISTRY: dict[str, Builder] = {}
@@ -51,7 +55,16 @@ def build(ctx: MethodContext) -> Method:
         method.chooser = EntropyChecked(ctx, method.chooser)
     if ctx.cfg.selection.keep_top_energy:
         method.group_filter = keep_top_energy
+    if ctx.cfg.selection.refill:
+        with_refill(method)
     return with_replay(method)
+
+
+def with_refill(method: Method) -> None:
+    """``selection.refill``: the method's plan is filled by the shared loop (:mod:`.fill`) until
+    it holds ``ceil(keep_ratio x B)`` groups with mixed rewards, LZE's quota."""
+    chooser = FillingPrompts(method.ctx, fill_rule(method.ctx.cfg, "lze"))
+    method.chooser, method._collect, method.rank_state = chooser, chooser.collect, chooser
 
 
 @register("uniform")
@@ -61,7 +74,9 @@ def _uniform(ctx: MethodContext) -> Method:
 
 @register("dapo")
 def _dapo(ctx: MethodContext) -> Method:
-    return Method("dapo", ctx, keep=keep_mixed)
+    chooser = FillingPrompts(ctx, fill_rule(ctx.cfg, "dapo"))
+    return Method("dapo", ctx, chooser=chooser, collect=chooser.collect, keep=keep_mixed,
+                  rank_state=chooser)
 
 
 # Each module registers its policy on import (after ``register`` exists).

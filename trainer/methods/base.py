@@ -4,7 +4,9 @@ A step of the trainer asks its :class:`Method` four things, in this order:
 
 1. ``plan(step)``: which B prompts to roll out and how many times each (*forward* selection:
    the sampler, the forward pruner, rollout allocation, DOTS, GRESO, HIVE's entropy check);
-2. ``collect(plan)``: roll them out and score them on this rank's engine (SPEED screens first);
+2. ``collect(plan)``: roll them out and score them on this rank's engine; DAPO, GRESO, SPEED
+   and LZE's refill fill the plan here, round by round, with the groups they accept
+   (:mod:`.fill`);
 3. ``select(batch, step)``: GRPO advantages and which groups reach the update (*backward*
    selection: all, DAPO's non-zero variance, LZE's top-k energy);
 4. ``observe(batch, selection)``: what the method learns from the step's rewards (GRESO's
@@ -168,11 +170,14 @@ class Method:
 
     def __init__(self, name: str, ctx: MethodContext, chooser=None,
                  collect: Optional[Callable[[MethodContext, PromptPlan], list]] = None,
-                 keep: GroupFilter = keep_top_energy):
+                 keep: GroupFilter = keep_top_energy, rank_state=None):
+        """``rank_state``: a part holding state only this rank has (``rank_state_dict`` /
+        ``load_rank_state_dict``), e.g. the groups a filling loop carries to the next step."""
         self.name, self.ctx = name, ctx
         self.chooser = chooser if chooser is not None else SampledPrompts(ctx)
         self._collect = collect or generate_plan
         self.group_filter = keep  # backward selection; switches may replace it
+        self.rank_state = rank_state
 
     def fresh_batch_size(self) -> int:
         """Prompts rolled out per step (rollout replay makes it smaller than B)."""
@@ -216,7 +221,8 @@ class Method:
 
     def rank_state_dict(self) -> dict:
         """State only this rank holds (saved in a file per rank; e.g. replayed groups' tokens)."""
-        return {}
+        return self.rank_state.rank_state_dict() if self.rank_state is not None else {}
 
     def load_rank_state_dict(self, state: dict) -> None:
-        pass
+        if self.rank_state is not None:
+            self.rank_state.load_rank_state_dict(state)
