@@ -5,10 +5,10 @@ results/integrations.json and printed; report.py (the kernel benchmark report) d
   int64 response mask, fresh uuid4 uid strings every round as verl's ``fit`` makes them, in a
   numpy object array, uids grouped or shuffled as ``balance_batch`` leaves them):
 
-  - ``verl loop``: verl's ``compute_grpo_outcome_advantage`` (``adv_estimator=grpo``; dict of uid
-    lists, per-group torch mean/std, per-response writes; baselines.py);
-  - ``verl vectorised``: verl's ``compute_grpo_vectorized_outcome_advantage``
-    (``adv_estimator=grpo_vectorized``), :func:`verl_grpo_vectorized` below;
+  - ``verl loop``: the installed verl's ``compute_grpo_outcome_advantage``
+    (``adv_estimator=grpo``; dict of uid lists, per-group torch mean/std, per-response writes);
+  - ``verl vectorised``: the installed verl's ``compute_grpo_vectorized_outcome_advantage``
+    (``adv_estimator=grpo_vectorized``);
   - ``LZEAdvantage`` with ``policy="lze"`` and ``"dapo"``, and its kernels alone (the fused
     selector step, resp. the DAPO keep mask and GRPO advantages, on the ``[B, G]`` rewards);
   - ``floor``: the two ``[bs, T]`` passes any estimator with verl's contract makes,
@@ -16,7 +16,9 @@ results/integrations.json and printed; report.py (the kernel benchmark report) d
 
   Medians over rounds of fresh uids on the same tensors, the estimators in turn within each
   round (verl's loop afterwards on its own, fewer rounds at large sizes); the results table
-  goes to results/verl_estimators.md. Goal: the adapter faster than ``grpo_vectorized`` and
+  goes to results/verl_estimators.md. The verl cases need verl (they run in .venv-verl:
+  ``.venv-verl/bin/python -m pytest benchmarks/test_bench_integrations.py -k verl``) and skip
+  elsewhere. Goal: the adapter faster than ``grpo_vectorized`` and
   within 1.5x the floor + 0.5 ms. The adapter's outputs are checked against both verl
   estimators on one batch of each case, and its selection against LZE's host loop
   (baselines.PythonLoopSelector, the public release's way).
@@ -41,7 +43,7 @@ from collections import defaultdict
 import numpy as np
 import pytest
 import torch
-from baselines import PythonLoopSelector, _group_mean_std, _write_advantages
+from baselines import PythonLoopSelector, _group_mean_std
 from bench_common import merge_result
 
 from lze_kernels import LZEConfig, LZESelector, ops
@@ -102,40 +104,14 @@ class VerlBatches:
         return self.token_rewards, self.mask, index, rows
 
 
-def verl_grpo_loop(token_rewards, mask, index):
-    """verl's ``compute_grpo_outcome_advantage`` (the ``grpo`` estimator), for groups of >= 2."""
-    scores = token_rewards.sum(dim=-1)
-    id2mean, id2std = _group_mean_std(scores, index)
-    _write_advantages(scores, index, id2mean, id2std, LZEConfig())
-    return scores.unsqueeze(-1) * mask
-
-
-def verl_grpo_vectorized(token_rewards, mask, index, epsilon=1e-6):
-    """verl's ``grpo_vectorized`` estimator, as read in volcengine/verl
-    (``compute_grpo_vectorized_outcome_advantage`` in ``verl/trainer/ppo/core_algos.py``, its
-    helpers ``as_torch_index`` and ``group_mean_std`` in ``verl/utils/groupwise.py``): labels
-    that numpy can cast to int64 are the groups, others (uuid strings) are numbered by
-    ``numpy.unique(..., return_inverse=True)``; per group count, sum and sum of squares by three
-    ``index_add_``, mean ``s1 / n``, variance ``(s2 - s1^2 / n) / max(n - 1, 1)``, std
-    ``sqrt(max(var, eps))``, a group of one gets mean 0 and std 1 (after a host check); then
-    ``(s - mean[g]) / (std[g] + eps)`` broadcast as ``A.unsqueeze(-1) * mask``."""
-    scores = token_rewards.sum(dim=-1)
-    labels = np.asarray(index)
-    try:
-        group = torch.from_numpy(labels.astype(np.int64))
-    except ValueError:
-        group = torch.from_numpy(np.unique(labels, return_inverse=True)[1].astype(np.int64))
-    num_groups = int(group.max()) + 1
-    count, total, squares = (torch.zeros(num_groups).index_add_(0, group, values)
-                             for values in (torch.ones_like(scores), scores, scores * scores))
-    n = count.clamp_min(1.0)
-    mean = total / n
-    std = ((squares - total * total / n) / (count - 1.0).clamp_min(1.0)).clamp_min(epsilon).sqrt()
-    single = count <= 1.0
-    if bool(single.any()):
-        mean, std = mean.masked_fill(single, 0.0), std.masked_fill(single, 1.0)
-    advantages = (scores - mean[group]) / (std[group] + epsilon)
-    return advantages.unsqueeze(-1) * mask
+def verl_estimators():
+    """The installed verl's ``grpo`` and ``grpo_vectorized`` estimators, as ``(token_rewards,
+    mask, index) -> advantages``; the verl cases skip where verl is not installed."""
+    core_algos = pytest.importorskip("verl.trainer.ppo.core_algos",
+                                     reason="verl runs in .venv-verl (make test-verl)")
+    return {"verl_loop": lambda r, m, i: core_algos.compute_grpo_outcome_advantage(r, m, i)[0],
+            "verl_vectorized": lambda r, m, i:
+            core_algos.compute_grpo_vectorized_outcome_advantage(r, m, i)[0]}
 
 
 def floor(token_rewards, mask, *_):
@@ -158,17 +134,17 @@ def verl_lze_host_loop(selector: PythonLoopSelector, token_rewards, index, rows)
     return torch.tensor([uid in kept for uid in index])
 
 
-def _check_like_for_like(batches: VerlBatches, adapters: dict) -> None:
+def _check_like_for_like(batches: VerlBatches, adapters: dict, verl: dict) -> None:
     """One batch: the adapter's advantages against both verl estimators (the loop exactly up to
     float32 rounding, the vectorised one up to its sum-of-squares variance), its LZE selection
     against the release's host loop, its DAPO selection against unequal scores."""
     token_rewards, mask, index, rows = batches()
     loop_selector = PythonLoopSelector(adapters["lze"].selector.config)
-    expected = verl_grpo_loop(token_rewards, mask, index)
+    expected = verl["verl_loop"](token_rewards, mask, index)
     for policy, adapter in adapters.items():
         advantages, _ = adapter(token_rewards, mask, index, prompt_index=rows)
         torch.testing.assert_close(advantages, expected, rtol=1e-6, atol=1e-6)
-        torch.testing.assert_close(advantages, verl_grpo_vectorized(token_rewards, mask, index),
+        torch.testing.assert_close(advantages, verl["verl_vectorized"](token_rewards, mask, index),
                                    rtol=1e-5, atol=1e-5)
     assert torch.equal(adapters["lze"].last.keep_mask,
                        verl_lze_host_loop(loop_selector, token_rewards, index, rows))
@@ -191,18 +167,18 @@ def _kernel_inputs(batches: VerlBatches):
 def test_verl_estimators(num_prompts, group, length, order):
     from lze_kernels.integrations.verl import LZEAdvantage
 
+    verl = verl_estimators()
     bs, config = num_prompts * group, LZEConfig()
     _check_like_for_like(VerlBatches(num_prompts, group, 32, order, seed=2),
                          {"lze": LZEAdvantage(4 * num_prompts, config),
-                          "dapo": LZEAdvantage(policy="dapo")})
+                          "dapo": LZEAdvantage(policy="dapo")}, verl)
 
     adapters = {"lze": LZEAdvantage(4 * num_prompts, config), "dapo": LZEAdvantage(policy="dapo")}
     kernel_selector = LZESelector(4 * num_prompts, config)
     batches = VerlBatches(num_prompts, group, length, order, seed=1)
     scores, ids = _kernel_inputs(batches)
     timed = {
-        "verl_loop": verl_grpo_loop,
-        "verl_vectorized": verl_grpo_vectorized,
+        **verl,
         "lze": lambda r, m, i, rows: adapters["lze"](r, m, i, prompt_index=rows),
         "dapo": lambda r, m, i, rows: adapters["dapo"](r, m, i, prompt_index=rows),
         "lze_kernels": lambda *_: kernel_selector.step(scores, ids),

@@ -26,7 +26,8 @@ from verl.utils.dataset.rl_dataset import collate_fn  # noqa: E402
 
 from lze_kernels import LZEConfig, LZESelector  # noqa: E402
 from lze_kernels.greso import GresoConfig, GresoFilter  # noqa: E402
-from lze_kernels.integrations.verl import LZEAdvantage  # noqa: E402
+from lze_kernels.integrations.verl import LZEAdvantage, checkpoint  # noqa: E402
+from lze_kernels.integrations.verl.checkpoint import LZERLHFDataset  # noqa: E402
 from lze_kernels.integrations.verl.forward import ForwardSampler  # noqa: E402
 from lze_kernels.integrations.verl.legacy import (LZERayPPOTrainer,  # noqa: E402
                                                   check_forward_setting)
@@ -303,3 +304,58 @@ def test_observe_rewards_feeds_the_sampler_from_verls_batch():
     trainer.observe_rewards(batch)
     assert greso.streak.tolist() == [0 if r not in (3, 9) else 1 for r in range(NUM_PROMPTS)]
     assert greso.kind[3] == 1 and greso.kind[9] == 2
+
+
+# ----------------------------------------------------------------------------- checkpoint
+
+
+def rlhf_dataset_rows(n):
+    """verl's RLHFDataset subclass up to its tokenizer (the state path needs no item)."""
+    dataset = object.__new__(LZERLHFDataset)
+    dataset.dataframe = list(range(n))
+    return dataset
+
+
+def test_estimator_state_resumes_from_verls_data_pt(tmp_path, registered):
+    """The estimator's selector state goes where verl's _save_checkpoint puts the dataloader
+    (torch.save(train_dataloader.state_dict(), data.pt)) and comes back, as in _load_checkpoint,
+    when the next iterator is made: the resumed estimator then selects exactly as the original."""
+    rows = [5, 0, 9, 2, 7, 3]
+    lze = LZEAdvantage(10, LZEConfig(keep_ratio=0.5, noise_scale=0.1, seed=4))
+    checkpoint.register("estimator", lze)
+    data = StatefulDataLoader(rlhf_dataset_rows(10), batch_size=2, drop_last=True)
+    for step in range(2):
+        batch = fit_batch([0, 1, 2, 4, 3, 2], rows, seed=step)
+        lze.bind_uids(batch.non_tensor_batch["uid"], batch.non_tensor_batch["index"])
+        lze(batch.batch["token_level_rewards"], batch.batch["response_mask"],
+            batch.non_tensor_batch["uid"])
+    torch.save(data.state_dict(), tmp_path / "data.pt")
+    batch = fit_batch([1, 1, 3, 0, 2, 4], rows, seed=9)
+    expected = lze.compute(batch.batch["token_level_rewards"], batch.batch["response_mask"],
+                           batch.non_tensor_batch["uid"],
+                           prompt_index=batch.non_tensor_batch["index"]).keep_mask
+
+    checkpoint.unregister("estimator")  # a resumed run is a fresh process
+    resumed = LZEAdvantage(10, LZEConfig(keep_ratio=0.5, noise_scale=0.1, seed=4))
+    checkpoint.register("estimator", resumed)
+    data = StatefulDataLoader(rlhf_dataset_rows(10), batch_size=2, drop_last=True)
+    data.load_state_dict(torch.load(tmp_path / "data.pt", weights_only=False))
+    iter(data)  # verl's fit makes the iterator: torchdata restores the dataset state
+    got = resumed.compute(batch.batch["token_level_rewards"], batch.batch["response_mask"],
+                          batch.non_tensor_batch["uid"],
+                          prompt_index=batch.non_tensor_batch["index"]).keep_mask
+    assert torch.equal(got, expected)
+    checkpoint.unregister("estimator")
+    fresh = LZEAdvantage(10, LZEConfig(keep_ratio=0.5, noise_scale=0.1, seed=4))
+    assert not torch.equal(fresh.compute(batch.batch["token_level_rewards"],
+                                         batch.batch["response_mask"],
+                                         batch.non_tensor_batch["uid"],
+                                         prompt_index=batch.non_tensor_batch["index"]).keep_mask,
+                           expected)
+
+
+def test_dataset_refuses_dataloader_workers():
+    dataset = rlhf_dataset_rows(4)
+    data = StatefulDataLoader(dataset, batch_size=2, num_workers=1)
+    with pytest.raises(RuntimeError, match="dataloader_num_workers"):
+        next(iter(data))

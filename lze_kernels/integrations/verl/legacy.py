@@ -12,9 +12,9 @@ links, as two small method overrides and nothing else:
   :class:`~.forward.ForwardSampler` given as ``train_sampler``, before the dataloader draws the
   next batch.
 
-The estimator's state travels in verl's ``data.pt`` through :mod:`.checkpoint` (register it and
-set ``data.custom_cls`` to :class:`~.checkpoint.LZERLHFDataset`); the sampler's state travels
-there natively (torchdata saves a stateful sampler).
+The estimator's state travels in verl's ``data.pt`` through :mod:`.checkpoint` (the trainer
+registers it and requires ``data.custom_cls`` to be :class:`~.checkpoint.LZERLHFDataset`); the
+sampler's state travels there natively (torchdata saves a stateful sampler).
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ import torch
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
+from . import checkpoint
+from .checkpoint import LZERLHFDataset
 from .estimator import LZEAdvantage, _host_ids, _layout, group_by_uid
 from .forward import ForwardSampler
 
@@ -36,6 +38,15 @@ class LZERayPPOTrainer(RayPPOTrainer):
         super().__init__(*args, **kwargs)
         check_forward_setting(self.train_dataloader)
         self._rows_by_uid: dict = {}
+        estimator = _registered_estimator(self.config.algorithm.adv_estimator)
+        if isinstance(estimator, LZEAdvantage) and estimator.selector is not None:
+            if not isinstance(self.train_dataset, LZERLHFDataset):
+                raise ValueError("data.custom_cls: LZE's selector state travels in verl's "
+                                 "checkpoint through lze_kernels.integrations.verl.checkpoint."
+                                 "LZERLHFDataset; set data.custom_cls.path=pkg://lze_kernels."
+                                 "integrations.verl.checkpoint and data.custom_cls.name="
+                                 "LZERLHFDataset")
+            checkpoint.register("estimator", estimator)
 
     def _get_gen_batch(self, batch):
         self.bind_rows(batch)

@@ -1,0 +1,165 @@
+"""LZE and DAPO selection in verl 0.9.1's v1 trainer: LZEReplayBuffer over a real TransferQueue.
+
+Runs where verl is installed (``make test-verl``); skipped elsewhere. A local Ray instance runs
+TransferQueue (its controller and one storage unit, the store the v1 trainer reads); verl's own
+``ReplayBuffer.sample`` waits for, evicts and materialises the groups, and verl's
+``list_of_dict_to_tensordict`` packs the trajectories as its agent loop does. The boundary on a
+CPU: the agent loop and its vLLM servers, so the test puts the finished groups into
+TransferQueue itself, with the keys, tags and fields ``AgentLoopWorkerTQ`` writes
+(``{uid}_{session}_{index}``, ``rm_scores`` token-level rewards, the dataset ``index``), and its
+``refill_fn`` stands in for the trainer's ``_add_prompts_to_generate`` (next rows of the
+dataloader, rolled out to groups of known rewards).
+"""
+
+import uuid
+
+import pytest
+import torch
+
+pytest.importorskip("verl")
+
+import ray  # noqa: E402
+import transfer_queue as tq  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+from verl.utils.tensordict_utils import list_of_dict_to_tensordict  # noqa: E402
+
+from lze_kernels import LZEConfig, LZESelector  # noqa: E402
+from lze_kernels.integrations.verl import checkpoint  # noqa: E402
+from lze_kernels.integrations.verl.replay_buffer import LZEReplayBuffer  # noqa: E402
+
+GROUP, NUM_PROMPTS = 4, 16
+# Pass counts (of GROUP) per dataset row: distinct mixed values so LZE's energies do not tie.
+PASS_COUNT = {row: [1, 2, 3, 0, 4][row % 5] for row in range(NUM_PROMPTS)}
+
+
+@pytest.fixture(scope="module")
+def transfer_queue():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    tq.init(OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}}))
+    yield
+    tq.close()
+    ray.shutdown()
+
+
+class Rollouts:
+    """The trainer's dispatch and the agent loop, for a dataloader that yields ``order``."""
+
+    def __init__(self, order, step=1):
+        self.order, self.step, self.refills = list(order), step, []
+
+    def dispatch(self, count):
+        rows, self.order = self.order[:count], self.order[count:]
+        uids = [uuid.uuid4().hex for _ in rows]
+        tq.kv_batch_put(keys=uids, partition_id="train", tags=[
+            {"is_prompt": True, "status": "finished", "global_steps": self.step} for _ in rows])
+        keys, fields = [], []
+        for uid, row in zip(uids, rows):
+            for session in range(GROUP):
+                length = 3 + session
+                reward = torch.zeros(length)
+                reward[-1] = float(session < PASS_COUNT[row])
+                keys.append(f"{uid}_{session}_0")
+                fields.append({"rm_scores": reward, "index": row})
+        tq.kv_batch_put(keys=keys, partition_id="train", fields=list_of_dict_to_tensordict(fields),
+                        tags=[{"status": "success", "global_steps": self.step}] * len(keys))
+        return dict(zip(uids, rows))
+
+    def refill(self, count):
+        self.refills.append(count)
+        return len(self.dispatch(count))
+
+
+def buffer(rollouts, **options):
+    kwargs = OmegaConf.create({"num_prompts": NUM_PROMPTS, **options})
+    return LZEReplayBuffer("sync", OmegaConf.create({}), None, "drop", kwargs,
+                           poll_interval=0.01, refill_fn=rollouts.refill)
+
+
+def batch_rows(batch):
+    data = tq.kv_batch_get(keys=batch.keys, partition_id="train", select_fields=["index"])
+    return sorted(set(int(r) for r in data["index"]))
+
+
+def clear_train_partition():
+    listed = tq.kv_list("train").get("train", {})
+    if listed:
+        tq.kv_clear(keys=list(listed), partition_id="train")
+
+
+def rewards_of(rows):
+    return torch.stack([(torch.arange(GROUP) < PASS_COUNT[r]).float() for r in rows])
+
+
+def test_lze_batch_holds_the_selectors_pick(transfer_queue):
+    """K = 4 groups at keep_ratio 0.5: the buffer rolls out 4 more through verl's refill, verl's
+    sample materialises all 8, and the batch holds exactly the 4 groups an independent
+    LZESelector keeps on the same rows and rewards; the others leave TransferQueue."""
+    config = {"keep_ratio": 0.5, "noise_scale": 0.0}
+    rollouts = Rollouts(order=[0, 1, 2, 5, 6, 7, 10, 11])
+    rb = buffer(rollouts, lze=config)
+    rollouts.dispatch(4)  # the trainer's prepare_step
+    batch, metrics = rb.sample(global_steps=1, partition_id="train", batch_size=4)
+    assert rollouts.refills == [4]
+    rows = [0, 1, 2, 5, 6, 7, 10, 11]
+    oracle = LZESelector(NUM_PROMPTS, LZEConfig(**config)).step(rewards_of(rows),
+                                                                   torch.tensor(rows))
+    expected = sorted(rows[i] for i in oracle.kept_indices.tolist() if i >= 0)
+    assert batch_rows(batch) == expected and len(expected) == 4
+    assert len(batch.keys) == 4 * GROUP
+    assert sorted(tq.kv_list("train")["train"]) == sorted(batch.keys)  # the rest cleared
+    assert metrics["lze/kept_groups"] == 4 and metrics["lze/rounds"] == 1
+    clear_train_partition()
+
+
+def test_dapo_refills_until_the_batch_is_full(transfer_queue):
+    """DAPO keeps groups with unequal rewards; verl's refill tops the batch up: 3 wanted, the
+    first 3 prompts hold 1 mixed group (rows 3 and 4 are all wrong / all right), so 2 more are
+    rolled out and both kept."""
+    rollouts = Rollouts(order=[3, 4, 1, 2, 6])
+    rb = buffer(rollouts, policy="dapo")
+    rollouts.dispatch(3)
+    batch, metrics = rb.sample(global_steps=1, partition_id="train", batch_size=3)
+    assert rollouts.refills == [2]
+    assert batch_rows(batch) == [1, 2, 6]
+    assert metrics["lze/rounds"] == 2
+    clear_train_partition()
+
+
+def test_state_travels_in_the_checkpoint_registry(transfer_queue):
+    """The buffer's selector state is in checkpoint.state_dict() (what LZERLHFDataset puts in
+    verl's data.pt); a buffer built after the restore (as verl builds it on resume) gets it and
+    selects exactly what the original selects next."""
+    config = {"keep_ratio": 0.5, "noise_scale": 0.1, "seed": 3}
+    order = [0, 1, 2, 5, 6, 7, 10, 11] * 2
+    first = Rollouts(order)
+    rb = buffer(first, lze=config)
+    first.dispatch(4)
+    rb.sample(global_steps=1, partition_id="train", batch_size=4)
+    clear_train_partition()
+    saved = checkpoint.state_dict()
+    assert set(saved) == {"replay_buffer"}
+    first.step = 2
+    first.dispatch(4)
+    expected = batch_rows(rb.sample(global_steps=2, partition_id="train", batch_size=4)[0])
+    clear_train_partition()
+
+    checkpoint.unregister("replay_buffer")  # a resumed run is a fresh process
+    checkpoint.load_state_dict(saved)
+    second = Rollouts(order[8:], step=2)
+    resumed = buffer(second, lze=config)  # registers itself and takes the pending state
+    second.dispatch(4)
+    assert batch_rows(resumed.sample(global_steps=2, partition_id="train",
+                                     batch_size=4)[0]) == expected
+    clear_train_partition()
+
+
+def test_bad_settings_are_refused():
+    rollouts = Rollouts([])
+    with pytest.raises(ValueError, match="trainer_mode"):
+        LZEReplayBuffer("colocate_async", {}, None, "drop", {}, refill_fn=rollouts.refill)
+    with pytest.raises(ValueError, match="unknown options"):
+        buffer(rollouts, keep=0.5)
+    with pytest.raises(ValueError, match="max_rounds"):
+        buffer(rollouts, max_rounds=0)
+    with pytest.raises(ValueError, match="keep_ratio"):
+        buffer(rollouts, lze={"keep_ratio": 2.0})
