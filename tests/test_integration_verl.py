@@ -1,4 +1,5 @@
-"""LZEAdvantage against verl's GRPO advantage semantics, without verl installed.
+"""LZEAdvantage against verl's GRPO advantage semantics, without verl installed (these run in both
+venvs; the tests against the installed verl 0.9.1 are tests/test_verl_*.py, run by make test-verl).
 
 ``verl_grpo_reference`` re-implements, as a plain loop over a dict of uid groups, what
 ``compute_grpo_outcome_advantage`` in volcengine/verl ``verl/trainer/ppo/core_algos.py`` computes
@@ -344,7 +345,9 @@ def test_registers_under_a_name_and_takes_verls_registry_call(fake_verl):
 
 
 def test_register_without_verl_says_so(monkeypatch):
-    monkeypatch.setitem(sys.modules, "verl", None)
+    # In .venv-verl other tests have imported verl: hide the modules register() imports, too.
+    for name in ("verl", "verl.trainer", "verl.trainer.ppo", "verl.trainer.ppo.core_algos"):
+        monkeypatch.setitem(sys.modules, name, None)
     with pytest.raises(ImportError):
         LZEAdvantage(5).register()
 

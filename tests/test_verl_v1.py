@@ -25,7 +25,11 @@ from verl.utils.tensordict_utils import list_of_dict_to_tensordict  # noqa: E402
 
 from lze_kernels import LZEConfig, LZESelector  # noqa: E402
 from lze_kernels.integrations.verl import checkpoint  # noqa: E402
+from lze_kernels.integrations.verl.checkpoint import LZERLHFDataset  # noqa: E402
 from lze_kernels.integrations.verl.replay_buffer import LZEReplayBuffer  # noqa: E402
+from torchdata.stateful_dataloader import StatefulDataLoader  # noqa: E402
+from verl.trainer.ppo.utils import create_rl_sampler  # noqa: E402
+from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn  # noqa: E402
 
 GROUP, NUM_PROMPTS = 4, 16
 # Pass counts (of GROUP) per dataset row: distinct mixed values so LZE's energies do not tie.
@@ -42,13 +46,20 @@ def transfer_queue():
 
 
 class Rollouts:
-    """The trainer's dispatch and the agent loop, for a dataloader that yields ``order``."""
+    """The trainer's dispatch and the agent loop, for a dataloader that yields ``order`` (a
+    list of rows, or verl's dataloader iterator fetching one prompt at a time)."""
 
     def __init__(self, order, step=1):
-        self.order, self.step, self.refills = list(order), step, []
+        self.order, self.step, self.refills = order, step, []
+
+    def fetch(self, count):
+        if isinstance(self.order, list):
+            rows, self.order = self.order[:count], self.order[count:]
+            return rows
+        return [int(next(self.order)["index"][0]) for _ in range(count)]
 
     def dispatch(self, count):
-        rows, self.order = self.order[:count], self.order[count:]
+        rows = self.fetch(count)
         uids = [uuid.uuid4().hex for _ in rows]
         tq.kv_batch_put(keys=uids, partition_id="train", tags=[
             {"is_prompt": True, "status": "finished", "global_steps": self.step} for _ in rows])
@@ -163,3 +174,41 @@ def test_bad_settings_are_refused():
         buffer(rollouts, max_rounds=0)
     with pytest.raises(ValueError, match="keep_ratio"):
         buffer(rollouts, lze={"keep_ratio": 2.0})
+
+
+def test_forward_dots_chooses_the_rows_verls_dataloader_fetches(transfer_queue, tmp_path,
+                                                                  monkeypatch):
+    """v1 forward selection: verl's train dataloader as _init_dataloader builds it (its own
+    create_rl_sampler, single-prompt fetches as with DAPO's refill) over LZERLHFDataset serves
+    the rows the buffer's DOTS sampler picks, and the buffer feeds it the groups verl generated.
+    With one-hot embeddings an observed prompt is predicted at its own pass rate and an unseen
+    one at the mean of the observed: the next batch starts with the prompts observed at 1/2 and
+    holds none observed at 0 or 1. The tokenizer is the boundary: RLHFDataset's item is stubbed
+    to its row."""
+    monkeypatch.setattr(RLHFDataset, "__getitem__",
+                        lambda self, item: {"index": item, "input_ids": torch.tensor([item])})
+    dataset = object.__new__(LZERLHFDataset)
+    dataset.dataframe, dataset.is_train = list(range(NUM_PROMPTS)), True
+    loader = StatefulDataLoader(dataset, batch_size=1, drop_last=True, collate_fn=collate_fn,
+                                sampler=create_rl_sampler(OmegaConf.create({"shuffle": False}),
+                                                          dataset))
+    torch.save(torch.eye(NUM_PROMPTS) * 20.0, tmp_path / "embeddings.pt")
+    rollouts = Rollouts(iter(loader))
+    rb = buffer(rollouts, policy="dapo", forward={
+        "method": "dots", "batch_size": 4, "embeddings": str(tmp_path / "embeddings.pt"),
+        "tau": 1e-3, "attention_tau": 0.1})
+    assert checkpoint.part(checkpoint.FORWARD) is rb.forward
+    first = rollouts.dispatch(4).values()
+    rb.sample(global_steps=1, partition_id="train", batch_size=4)
+    clear_train_partition()
+    observed = {r: PASS_COUNT[r] / GROUP for r in torch.nonzero(
+        ~torch.isnan(rb.forward.labels)).view(-1).tolist()}
+    assert set(first) <= set(observed)
+    half = sorted(r for r, rate in observed.items() if rate == 0.5)
+    assert half, "the first rows should include a prompt at pass rate 1/2"
+    rollouts.step = 2
+    nxt = list(rollouts.dispatch(4).values())
+    assert sorted(nxt[:len(half)]) == half[:4]
+    assert not {r for r, rate in observed.items() if rate in (0.0, 1.0)} & set(nxt)
+    clear_train_partition()
+    checkpoint.unregister(checkpoint.FORWARD)

@@ -19,6 +19,7 @@ from typing import Protocol
 
 import torch
 
+FORWARD = "forward_sampler"  # the name a v1 forward sampler is registered under
 _PARTS: dict = {}
 _PENDING: dict = {}
 
@@ -40,6 +41,11 @@ def register(name: str, part: Stateful) -> None:
     _PARTS[name] = part
     if name in _PENDING:
         part.load_state_dict(_PENDING.pop(name))
+
+
+def part(name: str):
+    """The part registered under ``name``, or None."""
+    return _PARTS.get(name)
 
 
 def unregister(name: str) -> None:
@@ -72,17 +78,35 @@ def _dataset_base():
 class LZERLHFDataset(_dataset_base()):
     """verl's ``RLHFDataset`` carrying the selection state in the dataloader checkpoint
     (``data.custom_cls.path=pkg://lze_kernels.integrations.verl.checkpoint``,
-    ``data.custom_cls.name=LZERLHFDataset``)."""
+    ``data.custom_cls.name=LZERLHFDataset``).
+
+    In v1 it is also where forward selection acts: verl builds the train dataloader's sampler
+    itself (``create_rl_sampler``: random or sequential, no hook), so when a forward sampler is
+    registered (:class:`~.replay_buffer.LZEReplayBuffer` with ``sampler_kwargs.forward``), each
+    item the train dataloader fetches is the row that sampler chooses next, whatever position
+    verl's sampler asked for. The validation set (other ``data_files``) is never remapped."""
+
+    def __init__(self, data_files, tokenizer, processor, config, *args, **kwargs):
+        super().__init__(data_files, tokenizer, processor, config, *args, **kwargs)
+        train_files = config.get("train_files") if hasattr(config, "get") else None
+        self.is_train = _file_list(data_files) == _file_list(train_files)
 
     def __getitem__(self, item):
         if torch.utils.data.get_worker_info() is not None:
             raise RuntimeError("data.dataloader_num_workers: LZE selection needs 0 (the dataset "
                                "and its selection state must live in the trainer's process; a "
                                "worker's copy would be stale)")
-        return super().__getitem__(item)
+        forward = part(FORWARD) if getattr(self, "is_train", False) else None
+        return super().__getitem__(item if forward is None else forward.next_row())
 
     def state_dict(self) -> dict:
         return {"lze_selection": state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         load_state_dict(state.get("lze_selection", {}))
+
+
+def _file_list(files) -> list:
+    if files is None:
+        return []
+    return [str(f) for f in files] if not isinstance(files, str) else [files]

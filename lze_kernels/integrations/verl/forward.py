@@ -76,7 +76,12 @@ class ForwardSampler(Sampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         for _ in range(len(self)):
-            yield self._next_dots_row() if self.method == "dots" else self._next_row()
+            yield self.next_row()
+
+    def next_row(self) -> int:
+        """The next dataset row to roll out (v1: :class:`~.checkpoint.LZERLHFDataset` asks for
+        one per item verl's dataloader fetches)."""
+        return self._next_dots_row() if self.method == "dots" else self._next_row()
 
     def observe(self, prompt_ids: torch.Tensor, rewards: torch.Tensor,
                 valid: Optional[torch.Tensor] = None) -> None:
@@ -93,6 +98,7 @@ class ForwardSampler(Sampler[int]):
                                                   self.labels[prompt_ids])
         self.steps += 1
         self._eligible = None
+        self._drawn = []  # a DOTS draw made before these rewards is stale (v1 refills)
 
     def state_dict(self) -> dict:
         state = {"format": _FORMAT, "passes": self.passes, "position": self.position,

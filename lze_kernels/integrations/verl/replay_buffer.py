@@ -25,9 +25,18 @@ Options come from ``trainer.v1.sampler.sampler_kwargs``: ``policy`` (``lze`` / `
 ``max_rounds`` (default 4), ``gen_batch_size`` (the refill granularity, must equal
 ``data.gen_batch_size``; default 1), ``success_threshold`` (LZE's pass rate counts a response as
 solved when its reward exceeds it; default: the reward itself, which must lie in [0, 1]) and
-``index_field`` (default ``index``). The selector state is :meth:`state_dict` /
+``index_field`` (default ``index``), and ``forward`` (forward selection, below). The selector state is :meth:`state_dict` /
 :meth:`load_state_dict`; in a run it travels in verl's ``data.pt`` (the buffer registers itself
 in :mod:`.checkpoint`; set ``data.custom_cls`` to its ``LZERLHFDataset``).
+
+Forward selection in v1 (``sampler_kwargs.forward``: the pruner with replay, GRESO or DOTS): v1
+has no sampler hook (``create_rl_sampler`` makes a random or sequential sampler) and dispatches
+each step's first ``batch_size`` prompts before the buffer runs, so the choice of prompts has to
+be made where the dataloader fetches them: the buffer builds a
+:class:`~lze_kernels.integrations.verl.forward.ForwardSampler`, registers it, and
+``LZERLHFDataset`` serves the row it picks for every train item verl fetches (the first batch
+and every refill). The buffer feeds it every group verl generated, before selecting, so the
+next fetch (a refill in this step or the next step's batch) sees them.
 """
 
 from __future__ import annotations
@@ -43,9 +52,11 @@ from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 
 from ...config import LZEConfig
 from ...selector import LZESelector
-from ..selection import check_policy, select_groups, selection_metrics
+from ...greso import GresoConfig, GresoFilter
+from ..selection import check_policy, select_groups, selection_metrics, unit_scores
 from . import checkpoint
 from .estimator import _check_rows, _layout, group_by_uid
+from .forward import ForwardSampler
 
 REWARD_FIELD = "rm_scores"  # verl's token-level reward of each trajectory (the canonical one)
 
@@ -74,16 +85,21 @@ class LZEReplayBuffer(ReplayBuffer):
         self.score_fn = None if threshold is None else (lambda r: (r > float(threshold)).float())
         num_prompts = options.pop("num_prompts", None)
         config = LZEConfig.from_dict(dict(options.pop("lze", None) or {}))
+        forward = options.pop("forward", None)
         if options:
             raise ValueError(f"sampler_kwargs: unknown options {sorted(options)}; expected policy, "
                              "num_prompts, lze, max_rounds, gen_batch_size, success_threshold, "
-                             "index_field")
+                             "index_field, forward")
         self.keep_ratio = config.keep_ratio if self.policy == "lze" else 1.0
         self.selector: Optional[LZESelector] = None
         if self.policy == "lze":
             self.selector = LZESelector(num_prompts, config, "cpu")
+        self.forward = None if forward is None else self._forward_sampler(dict(forward),
+                                                                          num_prompts)
         self.last_metrics: dict = {}
         checkpoint.register("replay_buffer", self)
+        if self.forward is not None:
+            checkpoint.register(checkpoint.FORWARD, self.forward)
 
     def sample(self, global_steps: int, partition_id: str, batch_size: int):
         """verl's ``sample``: ``(KVBatchMeta, metrics)`` holding up to ``batch_size`` groups."""
@@ -143,6 +159,9 @@ class LZEReplayBuffer(ReplayBuffer):
                               "cpu")
         raw, valid = _layout(scores, groups)
         rows = self._group_rows(data[self.index_field], groups)
+        if self.forward is not None:  # every group verl generated, kept or not
+            self.forward.observe(torch.as_tensor(rows), unit_scores(raw, valid, self.score_fn),
+                                 valid)
         selection = select_groups(self.policy, self.selector, raw, torch.as_tensor(rows), valid,
                                   self.score_fn, ids_checked=True)
         ranked = (selection.step.kept_indices if selection.step is not None
@@ -158,6 +177,24 @@ class LZEReplayBuffer(ReplayBuffer):
         keys = [key for key, kept in zip(batch.keys, keep) if kept]
         tags = [tag for tag, kept in zip(batch.tags, keep) if kept]
         return keys, tags, len(chosen)
+
+    def _forward_sampler(self, options: dict, num_prompts) -> ForwardSampler:
+        """``sampler_kwargs.forward``: ``method`` (pruner / greso / dots), ``batch_size``
+        (``${data.train_batch_size}``), ``seed``; GRESO: ``greso`` (GresoConfig fields); DOTS:
+        ``embeddings`` (a torch file of [num_prompts, d] prompt embeddings), ``tau``,
+        ``attention_tau``."""
+        method = options.pop("method", None)
+        if method == "pruner" and self.selector is None:
+            raise ValueError("sampler_kwargs.forward.method: the pruner needs policy 'lze' (its "
+                             "state is LZE's selector)")
+        greso = (GresoFilter(num_prompts, GresoConfig(**dict(options.pop("greso", None) or {})))
+                 if method == "greso" else None)
+        embeddings = options.pop("embeddings", None)
+        if method == "dots" and embeddings is not None:
+            embeddings = torch.load(str(embeddings), weights_only=True)
+        return ForwardSampler(num_prompts, options.pop("batch_size", None), method,
+                              selector=self.selector, greso=greso, embeddings=embeddings,
+                              **options)
 
     def _group_rows(self, values, groups) -> np.ndarray:
         """[num_groups] dataset row of each group, checked to be one row per group."""
