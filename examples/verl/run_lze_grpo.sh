@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# GRPO with LZE selection in verl 0.9.1's v1 trainer (trainer.use_v1=true, the default), on one
+# node of 8 GPUs. Not run in this project's CI (no GPU); its selection path is what
+# tests/test_verl_v1.py runs through verl's ReplayBuffer, TransferQueue and dataloader.
+#
+#   pip install "verl[vllm]==0.9.1" lze-kernels   (or this repository: pip install .)
+#   bash examples/verl/run_lze_grpo.sh [extra hydra overrides]
+#
+# Each step rolls out ceil(train_batch_size / keep_ratio) prompts (LZE's candidates; the extra
+# ones through verl's refill, in data.gen_batch_size fetches), keeps the train_batch_size groups
+# of highest learning-zone energy and trains on those only. FORWARD=greso (or pruner, dots)
+# also chooses which prompts are rolled out at all; DOTS needs EMBEDDINGS, a torch file of
+# [num_prompts, d] prompt embeddings in dataset order.
+# The dataset rows must carry extra_info.index = their row number (verl's example preprocessors
+# write it): LZE keys each prompt's history by it.
+set -euo pipefail
+
+TRAIN=${TRAIN:-$HOME/data/gsm8k/train.parquet}
+VAL=${VAL:-$HOME/data/gsm8k/test.parquet}
+MODEL=${MODEL:-Qwen/Qwen2.5-1.5B-Instruct}
+NUM_PROMPTS=${NUM_PROMPTS:-7473}   # rows of $TRAIN
+BATCH=${BATCH:-128}
+POLICY=${POLICY:-lze}              # lze | dapo
+FORWARD=${FORWARD:-}               # empty | pruner | greso | dots
+EMBEDDINGS=${EMBEDDINGS:-}
+
+forward=()
+if [[ -n $FORWARD ]]; then
+    forward=(+trainer.v1.sampler.sampler_kwargs.forward.method="$FORWARD"
+             +trainer.v1.sampler.sampler_kwargs.forward.batch_size="$BATCH")
+    [[ $FORWARD == dots ]] && forward+=(
+        +trainer.v1.sampler.sampler_kwargs.forward.embeddings="$EMBEDDINGS")
+fi
+
+python3 -m verl.trainer.main_ppo \
+    algorithm.adv_estimator=grpo \
+    data.train_files="$TRAIN" data.val_files="$VAL" \
+    data.train_batch_size="$BATCH" data.gen_batch_size=1 \
+    data.max_prompt_length=512 data.max_response_length=1024 \
+    data.dataloader_num_workers=0 \
+    data.custom_cls.path=pkg://lze_kernels.integrations.verl.checkpoint \
+    data.custom_cls.name=LZERLHFDataset \
+    trainer.v1.sampler.custom_sampler.path=pkg://lze_kernels.integrations.verl.replay_buffer \
+    trainer.v1.sampler.custom_sampler.name=LZEReplayBuffer \
+    +trainer.v1.sampler.sampler_kwargs.policy="$POLICY" \
+    +trainer.v1.sampler.sampler_kwargs.num_prompts="$NUM_PROMPTS" \
+    +trainer.v1.sampler.sampler_kwargs.gen_batch_size=1 \
+    +trainer.v1.sampler.sampler_kwargs.lze.keep_ratio=0.5 \
+    "${forward[@]}" \
+    actor_rollout_ref.model.path="$MODEL" \
+    actor_rollout_ref.actor.optim.lr=1e-6 \
+    actor_rollout_ref.actor.ppo_mini_batch_size=64 \
+    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8 \
+    actor_rollout_ref.actor.use_kl_loss=true actor_rollout_ref.actor.kl_loss_coef=0.001 \
+    actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.n=8 \
+    actor_rollout_ref.rollout.gpu_memory_utilization=0.6 \
+    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16 \
+    actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16 \
+    trainer.n_gpus_per_node=8 trainer.nnodes=1 \
+    trainer.project_name=lze_verl trainer.experiment_name="grpo_${POLICY}${FORWARD:+_$FORWARD}" \
+    trainer.save_freq=20 trainer.test_freq=10 trainer.total_epochs=3 \
+    trainer.logger='["console"]' \
+    "$@"
