@@ -1,9 +1,11 @@
 """Forward selection for verl: the sampler that chooses which prompts verl rolls out.
 
 :class:`ForwardSampler` is a ``torch.utils.data.Sampler`` of dataset rows for verl's
-``StatefulDataLoader`` (the legacy ``RayPPOTrainer``'s ``train_sampler``). After each training step :meth:`ForwardSampler.observe` gets the
-rewards of the groups verl generated (:class:`~.legacy.LZERayPPOTrainer` calls it), so the next
-batch is drawn from fresh state. Each dataloader epoch yields the whole batches of
+``StatefulDataLoader`` (the legacy ``RayPPOTrainer``'s ``train_sampler``; in v1,
+:class:`~.checkpoint.LZERLHFDataset` asks it for each row). After each training step
+:meth:`ForwardSampler.observe` gets the rewards of the groups verl generated
+(:class:`~.legacy.LZERayPPOTrainer` or :class:`~.replay_buffer.LZEReplayBuffer` calls it), so
+the next batch is drawn from fresh state. Each dataloader epoch yields the whole batches of
 ``num_prompts`` rows. Methods:
 
 * ``"pruner"``: rows in a seeded permutation per pass, skipping the prompts LZE's forward pruner
@@ -62,7 +64,8 @@ class ForwardSampler(Sampler[int]):
         _check_size(method, num_prompts, selector, greso, embeddings)
         self.num_prompts, self.batch_size, self.method, self.seed = (num_prompts, batch_size,
                                                                       method, seed)
-        self.selector, self.greso, self.tau, self.attention_tau = selector, greso, tau, attention_tau
+        self.selector, self.greso = selector, greso
+        self.tau, self.attention_tau = tau, attention_tau
         self.embeddings = None if embeddings is None else embeddings.float()
         self.labels = torch.full((num_prompts,), float("nan"))  # DOTS: observed pass rates
         self.passes, self.position, self.steps = 0, 0, 0

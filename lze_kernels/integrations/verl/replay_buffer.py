@@ -1,4 +1,4 @@
-"""LZE and DAPO selection in verl's v1 trainer: a ReplayBuffer that picks each training batch's groups.
+"""LZE and DAPO selection in verl's v1 trainer: a ReplayBuffer that picks each batch's groups.
 
 verl 0.9.1's default trainer (``trainer.use_v1``) asks its ReplayBuffer for each batch
 (``sample(global_steps, partition_id, batch_size)``) and trains on exactly the trajectories it
@@ -24,10 +24,11 @@ Options come from ``trainer.v1.sampler.sampler_kwargs``: ``policy`` (``lze`` / `
 ``num_prompts`` (dataset size, LZE), ``lze`` (a dict of :class:`~lze_kernels.LZEConfig` fields),
 ``max_rounds`` (default 4), ``gen_batch_size`` (the refill granularity, must equal
 ``data.gen_batch_size``; default 1), ``success_threshold`` (LZE's pass rate counts a response as
-solved when its reward exceeds it; default: the reward itself, which must lie in [0, 1]) and
-``index_field`` (default ``index``), and ``forward`` (forward selection, below). The selector state is :meth:`state_dict` /
-:meth:`load_state_dict`; in a run it travels in verl's ``data.pt`` (the buffer registers itself
-in :mod:`.checkpoint`; set ``data.custom_cls`` to its ``LZERLHFDataset``).
+solved when its reward exceeds it; default: the reward itself, which must lie in [0, 1]),
+``index_field`` (default ``index``) and ``forward`` (forward selection, below). The selector
+state is :meth:`state_dict` / :meth:`load_state_dict`; in a run it travels in verl's ``data.pt``
+(the buffer registers itself in :mod:`.checkpoint`; set ``data.custom_cls`` to its
+``LZERLHFDataset``).
 
 Forward selection in v1 (``sampler_kwargs.forward``: the pruner with replay, GRESO or DOTS): v1
 has no sampler hook (``create_rl_sampler`` makes a random or sequential sampler) and dispatches
