@@ -102,14 +102,13 @@ test-gpu-emulated: setup
 	bash tools/emu_gcov.sh
 	bash tools/triton_coverage.sh
 
-# On a lent GPU machine with no network (torch, triton, transformers, pytest there; README "On a
-# lent GPU"): installs wheels/ into gpu_check/site, builds the package with nvcc, then the kernel
-# suite on the device, the kernel benchmark and 3 trainer steps; gpu_check/gpu_check.{json,md}.
-# Uses the machine's python3 (PYTHON=...), not a venv: no `setup`.
+# The GPU check (README "On a lent GPU"); on the lent machine call `bash tools/gpu_check.sh`
+# directly (make may be missing there). This target only wraps it, with the machine's python3.
 test-gpu:
 	PYTHON=$(PYTHON) bash tools/gpu_check.sh
 
-# Here, with PyPI: the wheels test-gpu needs, for CPython 3.12 manylinux x86_64 (<= 64 MiB).
+# Here, with PyPI: the wheels the lent machine lacks (CPython 3.12 manylinux x86_64) into the
+# ignored wheels/, which the device call carries; fails over the travel budget.
 gpu-wheels: setup
 	bash tools/gpu_wheels.sh wheels
 

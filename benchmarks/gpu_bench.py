@@ -9,6 +9,13 @@ fresh binary rewards and ids per round from bench_common.RoundInputs):
 * ``torch_compile``: the same under ``torch.compile(fullgraph=True, dynamic=False)``;
 * ``verl_vectorised``: gpu_baselines.VectorisedSelector, verl's scatter-add grouping.
 
+``torch_compile`` runs at :data:`COMPILE_BATCHES` only (one inductor compile each, ~10-20 s),
+so the whole benchmark fits the GPU check's budget. Each B also gets its two floors, measured in
+the same run (:func:`floors`): the launch floor (two empty kernels, as a step is two launches)
+and the HBM floor (a device-to-device copy moving the step's bytes, :func:`step_bytes`).
+:func:`dots_benchmark` times the DOTS prediction at N = 1M, K = 1024, d = 384 against the chunked
+torch reference, and its share of the bf16 matrix peak measured in the same run.
+
 Time per step is the median over rounds (CUDA events on a GPU, ``perf_counter`` on a CPU), each
 round on fresh inputs made outside the timed region. Launches are the device-side kernels, copies
 and memsets of one step; host syncs are the CUDA runtime calls that block the host inside the step
@@ -31,7 +38,10 @@ from gpu_baselines import VectorisedSelector
 from lze_kernels import LZESelector, available_backends
 
 BATCHES = (256, 1024, 4096, 16384, 65536)
+COMPILE_BATCHES = (256, 65536)
 GROUP = 16
+# DOTS at the study's embedding size and a large prompt pool (issue 27).
+DOTS_N, DOTS_K, DOTS_D = 1 << 20, 1024, 384
 STEP_RANGE = "gpu_check.step"
 # CUDA runtime/driver calls that block the host until the device has caught up.
 CUDA_SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
@@ -124,14 +134,18 @@ def count_step_events(events, on_cuda: bool) -> dict:
 
 
 def run(device: torch.device, batches=BATCHES, group: int = GROUP, rounds: int = 30,
-        variants: list[str] | None = None, log=print) -> list[dict]:
-    """Every variant at every B: one row per (B, variant) with seconds, launches, syncs and the
-    ratio of its time to the fastest fused variant's at that B."""
+        variants: list[str] | None = None, log=print,
+        compile_batches=COMPILE_BATCHES) -> list[dict]:
+    """Every variant at every B (``torch_compile`` only at ``compile_batches``): one row per
+    (B, variant) with seconds, launches, syncs and the ratio of its time to the fastest fused
+    variant's at that B."""
     variants = variants or variants_for(device)
     rows = []
     for batch in batches:
         case = []
         for variant in variants:
+            if variant == "torch_compile" and batch not in compile_batches:
+                continue
             inputs = RoundInputs(batch, group, device)
             step = build_step(variant, inputs.num_prompts, device)
             seconds = time_step(step, inputs, rounds, device)
@@ -149,3 +163,85 @@ def with_ratios(case: list[dict]) -> list[dict]:
     fused = [r["seconds"] for r in case if r["variant"].startswith("fused_")]
     best = min(fused or [r["seconds"] for r in case])
     return [{**r, "ratio_to_fused": r["seconds"] / best} for r in case]
+
+
+# ----------------------------------------------------------------------------- floors
+
+
+def step_bytes(batch: int, group: int, keep_ratio: float = 0.4) -> int:
+    """The fewest bytes one fused step moves through device memory: fp32 rewards read and
+    advantages written (8 B G), int64 ids read, the prompts' state rows (4 fp32 + 4 int32
+    fields) read and written, pass rate, energy and momentum written, then the top-k reading the
+    energies and writing the keep mask and the kept int64 indices."""
+    state_row = 4 * 4 + 4 * 4
+    per_row = 8 + 2 * state_row + 3 * 4 + 4 + 1 + 8 * keep_ratio
+    return int(8 * batch * group + per_row * batch)
+
+
+def floors(batch: int, group: int, device: torch.device, rounds: int = 50) -> dict:
+    """Median seconds of the launch floor (two empty kernels, ``torch.cuda._sleep(0)``, back to
+    back, as a step is two launches) and of the HBM floor (a device-to-device copy of half the
+    step's bytes: read plus write move all of them), timed like the steps."""
+    if device.type != "cuda":
+        raise ValueError(f"device: the floors are CUDA timings, expected a CUDA device, got "
+                         f"{device}")
+    nbytes = step_bytes(batch, group)
+    src = torch.randint(0, 255, (nbytes // 2,), dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+
+    def launches():
+        torch.cuda._sleep(0)
+        torch.cuda._sleep(0)
+
+    return {"bytes": nbytes, "launch_s": _event_median(launches, rounds),
+            "hbm_s": _event_median(lambda: dst.copy_(src), rounds)}
+
+
+def _event_median(fn: Callable, rounds: int) -> float:
+    """Median seconds of ``fn`` between two CUDA events, after a warm-up call."""
+    fn()
+    times = []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
+# ----------------------------------------------------------------------------- DOTS
+
+
+def bf16_peak_flops(device: torch.device, size: int = 8192, rounds: int = 10) -> float:
+    """FLOP/s of a bf16 ``size``-cubed matrix product on random data (METHOD.md's ceiling)."""
+    a, b = (torch.randn(size, size, device=device, dtype=torch.bfloat16) for _ in range(2))
+    return 2 * size**3 / _event_median(lambda: a @ b, rounds)
+
+
+def dots_benchmark(device: torch.device, n: int = DOTS_N, k: int = DOTS_K, d: int = DOTS_D,
+                   dtype=torch.bfloat16, rounds: int = 10) -> dict:
+    """The DOTS prediction's kernel (``backend="auto"``) against the chunked torch reference on
+    the same bf16 embeddings: times, speed-up, the kernel's error against the reference, its
+    FLOP/s (scores 2 N K d, weighted sum 2 N K) and share of the measured bf16 peak."""
+    from lze_kernels import dots, dispatch
+
+    gen = torch.Generator(device=device).manual_seed(0)
+    query = torch.randn(n, d, device=device, generator=gen).to(dtype)
+    refs = torch.randn(k, d, device=device, generator=gen).to(dtype)
+    labels = torch.rand(k, device=device, generator=gen)
+    scale = dots.attention_scale(d, 1.0)
+    kernel = lambda: dots.predict_pass_rates(query, refs, labels)  # noqa: E731
+    reference = lambda: dots.predict_pass_rates_reference(query, refs, labels, scale)  # noqa: E731
+    error = (kernel() - reference()).abs().max().item()
+    kernel_s, reference_s = _event_median(kernel, rounds), _event_median(reference, rounds)
+    flops = 2 * n * k * d + 2 * n * k
+    peak = bf16_peak_flops(device)
+    return {"n": n, "k": k, "d": d, "dtype": str(dtype).replace("torch.", ""),
+            "backend": dispatch.resolve_op("auto", device, "predict").name,
+            "kernel_ms": kernel_s * 1e3, "reference_ms": reference_s * 1e3,
+            "speedup": reference_s / kernel_s, "max_abs_error": error,
+            "tflops": flops / kernel_s / 1e12, "peak_tflops": peak / 1e12,
+            "peak_fraction": flops / kernel_s / peak}

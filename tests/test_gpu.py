@@ -1,15 +1,21 @@
-"""The backend suite on a real GPU (skipped without CUDA). Run: `make test-gpu`.
+"""The backend suite on a real GPU (skipped without CUDA). Run on the lent machine by
+`bash tools/gpu_check.sh` (stage "kernels", from the installed package, compiled Triton).
 
 On a CUDA machine this checks what the CPU cannot: the cuda and triton backends against the
 reference on the device, that `step` never synchronises (sync debug mode "error"), that it can be
-captured and replayed in a CUDA graph, and that it is exactly two kernel launches.
+captured and replayed in a CUDA graph, and that it is exactly two kernel launches; the DOTS
+prediction against its reference, and GRESO's filter and the forward pruner on the device against
+the same code on the CPU (Philox draws: equal on any device), without a host sync.
 """
+
+import math
 
 import pytest
 import torch
 
 from conftest import binary_rewards, ragged_valid
-from lze_kernels import LZEConfig, LZESelector, available_backends
+from lze_kernels import LZEConfig, LZESelector, available_backends, dispatch, dots
+from lze_kernels.greso import GresoFilter
 
 pytestmark = [
     pytest.mark.gpu,
@@ -97,3 +103,98 @@ def test_two_kernel_launches_per_step(name):
         torch.cuda.synchronize()
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     assert len(kernels) == 2, [e.name for e in kernels]
+
+
+# ----------------------------------------------------------------------------- DOTS
+
+
+def predict_backend_or_skip(name):
+    backend_or_skip(name)
+    if not dispatch.BACKENDS[name].has_op("predict"):
+        pytest.skip(f"{name} has no predict kernel")
+    return name
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n,k,d", [(1, 1, 1), (37, 7, 10), (2049, 300, 384), (65536, 1024, 384)])
+@pytest.mark.parametrize("name", ["triton", "torch"])
+def test_dots_prediction_matches_fp64_oracle(name, n, k, d, dtype):
+    gen = torch.Generator(device="cuda").manual_seed(n + k)
+    q = torch.randn(n, d, device="cuda", generator=gen).to(dtype)
+    r = torch.randn(k, d, device="cuda", generator=gen).to(dtype)
+    y = torch.rand(k, device="cuda", generator=gen)
+    got = dots.predict_pass_rates(q, r, y, backend=predict_backend_or_skip(name))
+    s = (q.double() @ r.double().T) / math.sqrt(d)
+    want = torch.softmax(s, dim=1) @ y.double()
+    assert got.dtype == torch.float32 and got.shape == (n,)
+    torch.testing.assert_close(got.double(), want, rtol=0, atol=2e-3 if d > 1 else 1e-5)
+
+
+def test_dots_prediction_never_synchronises():
+    q, r = torch.randn(4096, 384, device="cuda"), torch.randn(256, 384, device="cuda")
+    y = torch.rand(256, device="cuda")
+    dots.predict_pass_rates(q, r, y)  # warm-up: compile
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        pred = dots.predict_pass_rates(q, r, y)
+        slope, intercept = dots.calibrate_linear(pred[:256], y)
+        dots.sample_near_half(dots.apply_calibration(pred, slope, intercept), 64,
+                              step=torch.zeros(1, dtype=torch.int64, device="cuda"))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+# ----------------------------------------------------------------------------- GRESO, pruner
+
+
+def test_greso_filter_on_the_device_equals_the_cpu():
+    num_prompts, batch, group = 5000, 1024, 8
+    filters = {dev: GresoFilter(num_prompts, device=dev) for dev in ("cpu", "cuda")}
+    gen = torch.Generator().manual_seed(0)
+    for step in range(6):
+        ids = torch.randperm(num_prompts, generator=gen)[:batch]
+        rewards = binary_rewards(batch, group, gen, p_correct=(torch.rand(batch, 1, generator=gen)
+                                                               > 0.5).float())
+        valid = ragged_valid(batch, group, gen)
+        masks = {}
+        for dev, f in filters.items():
+            masks[dev] = f.rollout_mask(ids.to(dev), step)
+            f.observe(ids.to(dev), rewards.to(dev), valid.to(dev))
+        assert torch.equal(masks["cuda"].cpu(), masks["cpu"])
+        for key in ("streak", "kind", "p"):
+            assert torch.equal(getattr(filters["cuda"], key).cpu(), getattr(filters["cpu"], key))
+
+
+def test_greso_filter_never_synchronises():
+    f = GresoFilter(4096, device="cuda")
+    ids = torch.randperm(4096, device="cuda")[:1024]
+    rewards = (torch.rand(1024, 8, device="cuda") < 0.5).float()
+    valid = torch.ones(1024, 8, dtype=torch.bool, device="cuda")
+    f.observe(ids, rewards, valid)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        f.rollout_mask(ids, 1)
+        f.observe(ids, rewards, valid)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.parametrize("name", GPU_BACKENDS + ["torch"])
+def test_pruner_on_the_device_equals_the_cpu(name):
+    """Prompts solved prune_after epochs in a row are pruned by the device's step kernel; the
+    epoch's replay draw and the rollout mask then equal the CPU reference's."""
+    config = LZEConfig(prune_after=2, replay_ratio=0.3, seed=5)
+    sels = {"cuda": LZESelector(2048, config, device="cuda", backend=backend_or_skip(name)),
+            "cpu": LZESelector(2048, config, device="cpu", backend="torch")}
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randperm(2048, generator=gen)[:1024]
+    for epoch in range(3):
+        rewards = binary_rewards(1024, 8, gen, p_correct=(torch.arange(1024) % 3 == 0)
+                                 .float()[:, None])
+        for dev, sel in sels.items():
+            sel.begin_epoch()
+            sel.step(rewards.to(dev), ids.to(dev))
+    masks = {dev: sel.rollout_mask(ids.to(dev)) for dev, sel in sels.items()}
+    assert torch.equal(masks["cuda"].cpu(), masks["cpu"])
+    assert int(sels["cpu"].num_pruned()) > 0
+    assert torch.equal(sels["cuda"].state.istate[:-1].cpu(), sels["cpu"].state.istate[:-1])

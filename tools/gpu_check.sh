@@ -1,13 +1,27 @@
 #!/usr/bin/env bash
-# On the lent GPU machine (no network): install the wheels of WHEELS (default wheels/, made by
-# `make gpu-wheels`) into OUT/site with --no-deps --no-index (the machine's torch is never
-# touched), build this package there with nvcc, then run the kernel suite, the kernel benchmark
-# and 3 trainer steps. Writes OUT/gpu_check.json and OUT/gpu_check.md (OUT default gpu_check/).
-# PYTHON picks the interpreter (default python3); extra arguments go to `gpu_check.py run`.
-set -euo pipefail
+# The device command of issue 27 (README "On a lent GPU"), run from the tree that travelled:
+#   bash tools/gpu_check.sh [--stages preflight,install,kernels,...] [--batches ...]
+# Works in $GPU_CHECK_DIR (default /tmp/gpu_check; the tree may be read-only and is never
+# written to), installs wheels/ (carried with the call) and builds this package there, then runs
+# every stage of tools/gpu_check.py within GPU_CHECK_BUDGET_S seconds (default 360) counted from
+# this script's start. The report files (gpu_check.json, gpu_check.md, logs) are copied to $OUT
+# after every stage ($OUT unset: $GPU_CHECK_DIR/report). No network, no make needed.
+set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
-WHEELS=${WHEELS:-wheels}
-OUT=${OUT:-gpu_check}
-"$PYTHON" tools/gpu_check.py install --wheels "$WHEELS" --out "$OUT"
-exec "$PYTHON" tools/gpu_check.py run --out "$OUT" "$@"
+WORK=${GPU_CHECK_DIR:-/tmp/gpu_check}
+BUDGET=${GPU_CHECK_BUDGET_S:-360}
+mkdir -p "$WORK"
+export PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INDEX=1
+# CMake's check_language(CUDA) looks on PATH and $CUDA_PATH/bin only, not /usr/local/cuda/bin.
+[ -d /usr/local/cuda/bin ] && export PATH="$PATH:/usr/local/cuda/bin"
+if [ -z "${CUDACXX:-}" ] && command -v nvcc >/dev/null; then
+  export CUDACXX=$(command -v nvcc)
+fi
+exec > >(tee "$WORK/console.log") 2>&1
+echo "gpu_check: $(date -u +%FT%TZ) work=$WORK out=${OUT:-unset} python=$("$PYTHON" -c 'import sys; print(sys.executable)') CUDACXX=${CUDACXX:-none}"
+"$PYTHON" tools/gpu_check.py check --work "$WORK" --budget $((BUDGET - SECONDS)) \
+  ${WHEELS:+--wheels "$WHEELS"} "$@"
+code=$?
+sleep 0.2  # let tee write the last lines
+exit $code

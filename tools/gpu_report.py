@@ -1,0 +1,249 @@
+"""docs/gpu-results.md from the JSON of one GPU check (tools/gpu_check.py), and the goals of
+issue 27 judged on it. Standard library only: the check's parent process imports it before
+anything is installed.
+
+    python tools/gpu_report.py gpu_check.json [-o docs/gpu-results.md]
+
+Every figure comes from the JSON; a goal whose figure is missing (its stage skipped, failed or
+ran out of time) reads "not measured", never "met".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+# Issue 27, section 2: the goals and their thresholds.
+GOAL_B = 65_536
+FLOOR_FACTOR = 2.0  # step time within 2x of max(launch floor, HBM floor)
+EAGER_SPEEDUP = 10.0  # >= 10x torch eager
+COMPILE_SPEEDUP = 2.0  # >= 2x torch.compile
+DOTS_SPEEDUP = 1.5  # >= 1.5x the chunked torch reference
+MEMORY_TOLERANCE = 0.15  # measured peak within 15 % of docs/gpu-memory.md's arithmetic
+PEER_RATIO = 0.5  # lze_trainer's step <= 0.5x TRL's
+FUSED = ("fused_cuda", "fused_triton")
+
+
+def goals(results: dict) -> list[dict]:
+    """One row per goal: name, target, measured (text) and met (True, False or None when the
+    figure was not measured)."""
+    stages = results.get("stages", {})
+    rows = _kernel_goals(stages.get("kernels", {})) + _bench_goals(stages.get("bench", {}))
+    rows += _memory_goals(stages.get("memory", {})) + _peer_goals(stages.get("peer", {}))
+    return rows
+
+
+def _goal(name: str, target: str, measured, met) -> dict:
+    return {"goal": name, "target": target,
+            "measured": "not measured" if measured is None else measured,
+            "met": None if measured is None else bool(met)}
+
+
+def _kernel_goals(kernels: dict) -> list[dict]:
+    ran = "tests" in kernels
+    text = (f"{kernels['tests']} tests, {kernels.get('failures', 0) + kernels.get('errors', 0)} "
+            f"failed, {kernels.get('skipped', 0)} skipped" if ran else None)
+    ok = ran and kernels.get("status") == "passed"
+    return [_goal("kernel suite on the device (cuda, triton, torch; none skipped)",
+                  "all pass", text, ok)]
+
+
+def _bench_goals(bench: dict) -> list[dict]:
+    rows = bench.get("rows") or []
+    at = {r["variant"]: r for r in rows if r["B"] == GOAL_B}
+    fused = [r for r in rows if r["variant"] in FUSED]
+    out = [
+        _goal("host syncs per fused step", "0",
+              ", ".join(f"{r['variant']}@{r['B']}: {r['syncs']}" for r in fused) or None,
+              all(r["syncs"] == 0 for r in fused)),
+        _goal("kernel launches per fused step", "2",
+              ", ".join(sorted({f"{r['variant']}: {r['launches']}" for r in fused})) or None,
+              all(r["launches"] == 2 for r in fused)),
+    ]
+    floor = (bench.get("floors") or {}).get(str(GOAL_B))
+    for variant in FUSED:
+        row = at.get(variant)
+        if row is None:
+            out.append(_goal(f"{variant} timed at B = {GOAL_B:,}", "a time", None, False))
+            continue
+        if floor:
+            limit = max(floor["launch_s"], floor["hbm_s"])
+            out.append(_goal(f"{variant} vs max(launch floor, HBM floor) at B = {GOAL_B:,}",
+                             f"<= {FLOOR_FACTOR:g}x", f"{row['seconds'] / limit:.2f}x",
+                             row["seconds"] <= FLOOR_FACTOR * limit))
+        for base, need in (("torch_eager", EAGER_SPEEDUP), ("torch_compile", COMPILE_SPEEDUP)):
+            other = at.get(base)
+            out.append(_goal(f"{variant} speed-up over {base} at B = {GOAL_B:,}", f">= {need:g}x",
+                             None if other is None else f"{other['seconds'] / row['seconds']:.1f}x",
+                             other is not None and other["seconds"] >= need * row["seconds"]))
+    dots = bench.get("dots") or {}
+    speedup = dots.get("speedup")
+    out.append(_goal("DOTS prediction (N = 1M, K = 1024, d = 384) vs chunked torch reference",
+                     f">= {DOTS_SPEEDUP:g}x", None if speedup is None else f"{speedup:.2f}x",
+                     speedup is not None and speedup >= DOTS_SPEEDUP))
+    return out
+
+
+def _memory_goals(memory: dict) -> list[dict]:
+    measured, predicted = memory.get("peak_gib"), memory.get("predicted_gib", {}).get("total")
+    text = None
+    if measured is not None and predicted:
+        text = f"{measured:.1f} GiB vs {predicted:.1f} GiB ({measured / predicted - 1:+.0%})"
+    met = text is not None and abs(measured / predicted - 1) <= MEMORY_TOLERANCE
+    return [_goal("update-only peak memory, Qwen2.5-1.5B shape, 8 x 4096 tokens, vs "
+                  "docs/gpu-memory.md", f"within {MEMORY_TOLERANCE:.0%}", text, met)]
+
+
+def _peer_goals(peer: dict) -> list[dict]:
+    ratio = peer.get("ratio")
+    text = None if ratio is None else (f"{ratio:.2f}x ({peer['lze_step_s']:.3f} s vs "
+                                       f"{peer['trl_step_s']:.3f} s)")
+    return [_goal("lze_trainer step / TRL GRPOTrainer step (hf generation, same GPU)",
+                  f"<= {PEER_RATIO:g}x", text, ratio is not None and ratio <= PEER_RATIO)]
+
+
+# ============================================================================ rendering
+
+
+def render(results: dict) -> str:
+    """The whole markdown report: machine, stages, goals, then every figure."""
+    pre = results.get("stages", {}).get("preflight", {})
+    lines = ["# GPU results", "",
+             "Generated by `tools/gpu_report.py` from the JSON of `bash tools/gpu_check.sh` "
+             "(issue 27). Do not edit by hand.", ""]
+    lines += _machine(results, pre)
+    lines += ["", "## Stages", "", "| stage | status | s | notes |", "|---|---|---|---|"]
+    for name, r in results.get("stages", {}).items():
+        lines.append(f"| {name} | {r.get('status')} | {r.get('seconds', '')} | "
+                     f"{_notes(name, r)} |")
+    lines += ["", "## Goals (issue 27)", "", "| goal | target | measured | met |",
+              "|---|---|---|---|"]
+    for g in goals(results):
+        met = {True: "yes", False: "NO", None: "not measured"}[g["met"]]
+        lines.append(f"| {g['goal']} | {g['target']} | {g['measured']} | {met} |")
+    stages = results.get("stages", {})
+    lines += _bench_tables(stages.get("bench", {}))
+    lines += _memory_tables(stages.get("trainer", {}), stages.get("memory", {}))
+    lines += _peer_table(stages.get("peer", {}))
+    return "\n".join(lines) + "\n"
+
+
+def _machine(results: dict, pre: dict) -> list[str]:
+    versions, device = pre.get("versions", {}), pre.get("device", {})
+    mismatches = pre.get("mismatches") or []
+    return ["| | |", "|---|---|",
+            f"| date (UTC) | {results.get('started_utc', '?')} |",
+            f"| device | {device.get('name', '?')} ({device.get('memory_mib', '?')} MiB) |",
+            f"| driver | {device.get('driver', '?')} |",
+            f"| runtime | {pre.get('runtime', '?')} (kernel {pre.get('kernel', '?')}) |",
+            f"| python / torch / triton | {versions.get('python', '?')} / "
+            f"{versions.get('torch', '?')} / {versions.get('triton', '?')} |",
+            f"| transformers / nvcc | {versions.get('transformers', '?')} / "
+            f"{versions.get('nvcc', '?')} |",
+            f"| versions unlike KINDS.md | {'; '.join(mismatches) or 'none'} |",
+            f"| command time | {results.get('elapsed_s', '?')} s of a {results.get('budget_s', '?')}"
+            f" s budget |"]
+
+
+def _notes(name: str, r: dict) -> str:
+    if r.get("reason"):
+        return str(r["reason"])[:160]
+    if r.get("error"):
+        return str(r["error"])[:160]
+    if name == "preflight":
+        bits = [] if r.get("cuda_available") else ["no CUDA device"]
+        return "; ".join(bits + [f"unlike KINDS.md: {m}" for m in r.get("mismatches", [])])[:300]
+    if name == "kernels" and "tests" in r:
+        return (f"{r['tests']} tests, {r.get('failures', 0)} failed, {r.get('errors', 0)} errors, "
+                f"{r.get('skipped', 0)} skipped; backends {','.join(r.get('backends', []))}")
+    if name == "install":
+        bad = [m for m, v in r.get("imports", {}).items() if not str(v).startswith("ok")]
+        return (f"build {r.get('build_seconds', '?')} s; "
+                + (f"imports failed: {', '.join(bad)}" if bad else "all imports ok"))
+    if name == "sanitizer":
+        return "; ".join(f"{tool}: {v.get('summary', '')}" for tool, v in
+                         r.get("tools", {}).items())[:160]
+    if name == "trainer":
+        return f"exit {r.get('exit_code')}; {len(r.get('steps', []))} steps"
+    return ""
+
+
+def _bench_tables(bench: dict) -> list[str]:
+    rows = bench.get("rows") or []
+    if not rows:
+        return []
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    floors = bench.get("floors") or {}
+    lines = ["", "## Kernel benchmark", "",
+             f"G = {rows[0]['G']}; microseconds per step (median, CUDA events), then launches and "
+             "host syncs per step; floors measured in the same run.", "",
+             "| B | " + " | ".join(variants) + " | launch floor | HBM floor |",
+             "|---" * (len(variants) + 3) + "|"]
+    for batch in dict.fromkeys(r["B"] for r in rows):
+        cells = {r["variant"]: f"{r['seconds'] * 1e6:.1f} ({r['launches']}, {r['syncs']})"
+                 for r in rows if r["B"] == batch}
+        floor = floors.get(str(batch), {})
+        lines.append(f"| {batch:,} | " + " | ".join(cells.get(v, "") for v in variants)
+                     + f" | {_us(floor.get('launch_s'))} | {_us(floor.get('hbm_s'))} |")
+    dots = bench.get("dots")
+    if dots:
+        lines += ["", "DOTS prediction, N = {n:,}, K = {k:,}, d = {d} ({dtype}): kernel "
+                  "{kernel_ms:.3f} ms, chunked torch reference {reference_ms:.3f} ms, speed-up "
+                  "{speedup:.2f}x; {tflops:.0f} TFLOP/s, {peak_fraction:.1%} of the bf16 matrix "
+                  "peak measured in the same run ({peak_tflops:.0f} TFLOP/s).".format(**dots)]
+    return lines
+
+
+def _us(seconds) -> str:
+    return "" if seconds is None else f"{seconds * 1e6:.1f}"
+
+
+def _memory_tables(trainer: dict, memory: dict) -> list[str]:
+    lines = []
+    phases = trainer.get("peak_memory_gib")
+    if phases:
+        lines += ["", "## Trainer: peak GPU memory per phase (3 GRPO steps, bf16, ZeRO-2)", "",
+                  "| phase | peak GiB |", "|---|---|"]
+        lines += [f"| {phase} | {gib:.2f} |" for phase, gib in phases.items()]
+    if trainer.get("steps"):
+        keys = [k for k in trainer["steps"][0] if k != "step"]
+        lines += ["", "| step | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
+        lines += [f"| {s['step']} | " + " | ".join(_fmt(s.get(k)) for k in keys) + " |"
+                  for s in trainer["steps"]]
+    predicted = memory.get("predicted_gib")
+    if memory.get("peak_gib") is not None and predicted:
+        lines += ["", "## Update-only pass, Qwen2.5-1.5B shape", "",
+                  f"{memory.get('shape')}: measured peak {memory['peak_gib']:.2f} GiB "
+                  f"(max_memory_allocated).", "", "| term of the arithmetic | GiB |", "|---|---|"]
+        lines += [f"| {k} | {v:.2f} |" for k, v in predicted.items()]
+    return lines
+
+
+def _fmt(value) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _peer_table(peer: dict) -> list[str]:
+    if peer.get("ratio") is None:
+        return []
+    return ["", "## Peer: TRL GRPOTrainer and lze_trainer on the same GPU", "",
+            f"{peer.get('setting')}: TRL {peer['trl_step_s']:.3f} s per step, lze_trainer "
+            f"{peer['lze_step_s']:.3f} s per step (median after a warm-up step): "
+            f"{peer['ratio']:.2f}x."]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("json", type=Path)
+    parser.add_argument("-o", "--output", type=Path,
+                        default=Path(__file__).resolve().parents[1] / "docs" / "gpu-results.md")
+    args = parser.parse_args(argv)
+    args.output.write_text(render(json.loads(args.json.read_text())))
+    print(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
