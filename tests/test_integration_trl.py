@@ -124,6 +124,32 @@ def test_planner_keeps_its_plan_for_the_epoch_and_round_trips():
         EpochPlanner(LZESelector(11), seed=1).load_state_dict(planner.state_dict())
 
 
+# ----------------------------------------------------------------------------- vLLM weight sync
+
+
+def test_engine_weights_walk_trls_parameters_copied_under_every_tied_name(model_dir):
+    """What ``reload_weights`` receives (the engine itself: tests/test_trl_vllm_e2e.py)."""
+    from types import SimpleNamespace
+
+    from transformers import AutoModelForCausalLM
+
+    from lze_kernels.integrations.trl.vllm_sync import engine_weights, tied_aliases
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)  # the tiny Qwen2 ties lm_head
+    assert tied_aliases(model) == {"model.embed_tokens.weight": ["lm_head.weight"]}
+    walk = [(name, param.data) for name, param in model.named_parameters()]
+    generation = SimpleNamespace(model=model, _fix_param_name_to_vllm=lambda name: name,
+                                 _iter_named_params=lambda: iter(walk))  # TRL's walk, no engine
+    pushed = list(engine_weights(generation))
+    names = [name for name, _ in walk]
+    at = names.index("model.embed_tokens.weight") + 1
+    assert [name for name, _ in pushed] == names[:at] + ["lm_head.weight"] + names[at:]
+    tensors = dict(walk)
+    for name, tensor in pushed:
+        source = tensors[name if name != "lm_head.weight" else "model.embed_tokens.weight"]
+        assert torch.equal(tensor, source) and tensor.data_ptr() != source.data_ptr()
+
+
 # ----------------------------------------------------------------------------- arguments
 
 

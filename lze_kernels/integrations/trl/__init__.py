@@ -8,5 +8,7 @@
 
 from .sampler import EpochPlanner, PrunedRepeatSampler
 from .trainer import LZEGRPOTrainer
+from .vllm_sync import sync_colocated_vllm_by_reload
 
-__all__ = ["LZEGRPOTrainer", "EpochPlanner", "PrunedRepeatSampler"]
+__all__ = ["LZEGRPOTrainer", "EpochPlanner", "PrunedRepeatSampler",
+           "sync_colocated_vllm_by_reload"]

