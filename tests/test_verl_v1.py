@@ -174,6 +174,12 @@ def test_bad_settings_are_refused():
         buffer(rollouts, max_rounds=0)
     with pytest.raises(ValueError, match="keep_ratio"):
         buffer(rollouts, lze={"keep_ratio": 2.0})
+    with pytest.raises(ValueError, match="forward: unknown options"):
+        buffer(rollouts, forward={"method": "greso", "batch_size": 4, "temperature": 1.0})
+    with pytest.raises(ValueError, match="pruner needs policy 'lze'"):
+        buffer(rollouts, policy="dapo", forward={"method": "pruner", "batch_size": 4})
+    with pytest.raises(ValueError, match="embeddings"):
+        buffer(rollouts, forward={"method": "dots", "batch_size": 4})
 
 
 def test_forward_dots_chooses_the_rows_verls_dataloader_fetches(transfer_queue, tmp_path,

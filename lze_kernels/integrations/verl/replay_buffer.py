@@ -193,6 +193,10 @@ class LZEReplayBuffer(ReplayBuffer):
         embeddings = options.pop("embeddings", None)
         if method == "dots" and embeddings is not None:
             embeddings = torch.load(str(embeddings), weights_only=True)
+        unknown = sorted(set(options) - {"batch_size", "seed", "tau", "attention_tau"})
+        if unknown:
+            raise ValueError(f"sampler_kwargs.forward: unknown options {unknown}; expected method, "
+                             "batch_size, seed, greso, embeddings, tau, attention_tau")
         return ForwardSampler(num_prompts, options.pop("batch_size", None), method,
                               selector=self.selector, greso=greso, embeddings=embeddings,
                               **options)
