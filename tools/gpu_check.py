@@ -533,6 +533,9 @@ def stage_install(work: Path, options: dict) -> dict:
         else "failed"
     if not from_site:
         result["reason"] = f"lze_kernels not imported from {site}: {result['lze_kernels_from']}"
+    elif missing:
+        result["reason"] = (f"{len(missing)} wheels missing from {options['wheels']} (make "
+                            f"gpu-wheels here; the device call must carry wheels/)")
     return result
 
 
@@ -895,7 +898,7 @@ def random_model(out_dir: Path, shape: dict) -> Path:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    config = Qwen2Config(**shape, torch_dtype="bfloat16")
+    config = Qwen2Config(**shape)
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
         model = Qwen2ForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(out_dir)

@@ -12,7 +12,7 @@ PYTHON=${PYTHON:-python3}
 WORK=${GPU_CHECK_DIR:-/tmp/gpu_check}
 BUDGET=${GPU_CHECK_BUDGET_S:-360}
 mkdir -p "$WORK"
-export PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INDEX=1
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INDEX=1
 # CMake's check_language(CUDA) looks on PATH and $CUDA_PATH/bin only, not /usr/local/cuda/bin.
 [ -d /usr/local/cuda/bin ] && export PATH="$PATH:/usr/local/cuda/bin"
 if [ -z "${CUDACXX:-}" ] && command -v nvcc >/dev/null; then
