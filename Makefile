@@ -113,4 +113,4 @@ gpu-wheels: setup
 	bash tools/gpu_wheels.sh wheels
 
 clean:
-	rm -rf build $(VENV) lze_kernels/*.so
+	rm -rf build build-verl $(VENV) .venv-verl lze_kernels/*.so
