@@ -35,6 +35,7 @@ COMPATIBILITY_KEYS = (
     "trainer.seed", "selection.policy", "selection.keep_ratio", "selection.noise_scale",
     "selection.beta", "selection.d_min", "selection.alpha", "selection.prune",
     "selection.prune_after", "selection.replay_ratio", "replay.ratio", "replay.buffer_size",
+    "selection.speed_screen_rollouts",  # SPEED's carried screenings (methods.fill)
     "actor.zero_stage",
     "actor.norm_adv_by_std", "sft_warmup.steps",
 )

@@ -36,7 +36,7 @@ from .generation import Generation
 from .reward import RewardScorer
 from .rollout import build_engine
 from .selection import GroupSelector, Selection
-from .summary import run_summary
+from .summary import PHASES, run_summary
 from .warmup import warm_up
 
 
@@ -310,6 +310,9 @@ class GRPOTrainer:
         m.update(self._compute_metrics())
         m.update(self.method.step_metrics())
         m.update(self.totals)
+        # Every phase on every step: one that did not run took 0 s (e.g. no reward when SPEED's
+        # carried groups fill a step without generating).
+        m.update({f"timing_s/{phase}": 0.0 for phase in PHASES})
         m.update(timer.as_metrics())
         step_s = timer.seconds["step"]
         m["timing_s/select_share"] = timer.seconds["select"] / step_s

@@ -14,10 +14,10 @@ replay) wrap the built method's parts.
   rollout by predicted difficulty, by zero-variance streaks (on dynamic sampling), or by a
   screening round (filling the batch, carrying surplus to the next step);
 * switches: ``selection.refill`` (LZE: top-up rounds until the top-k quota has groups with
-  energy > 0, the loop of :mod:`.fill`), ``selection.entropy_filter`` (HIVE, :mod:`.hive`), ``replay.ratio`` (Rollout
-  Replay, :mod:`.replay`), ``selection.keep_top_energy`` (a method that chooses before rollout
-  then trains only LZE's top ``floor(keep_ratio x B)`` of its groups by energy, e.g. SPEED's
-  screened batch: forward and backward selection combined).
+  energy > 0, the loop of :mod:`.fill`), ``selection.entropy_filter`` (HIVE, :mod:`.hive`),
+  ``replay.ratio`` (Rollout Replay, :mod:`.replay`), ``selection.keep_top_energy`` (a method
+  that chooses before rollout then trains only LZE's top ``floor(keep_ratio x B)`` of its groups
+  by energy, e.g. SPEED's screened batch: forward and backward selection combined).
 """
 
 from __future__ import annotations
