@@ -930,7 +930,7 @@ def update_only_actor(model_dir: Path, overrides: tuple = ()):
                                        "actor.mini_batches=1", *overrides])
     world = D.init(cfg.trainer.device)
     actor = Actor(cfg, world, str(model_dir), Schedule.of_actor(cfg.actor, 1))
-    return actor, actor.num_parameters()
+    return actor, actor.num_parameters
 
 
 def synthetic_batch(rows: int, length: int, response: int, vocab: int):
