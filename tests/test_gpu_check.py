@@ -570,3 +570,20 @@ print("params", params, "loss-terms", sorted(stats)[:3])
                           timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT / "tools")})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "params" in proc.stdout
+
+
+def test_dots_benchmark_harness_on_cpu(monkeypatch):
+    """The DOTS benchmark's calls and arithmetic at a tiny size (CUDA timers replaced by a host
+    clock): the kernel agrees with the chunked reference, FLOPs over time over the peak."""
+    def host_median(fn, rounds):
+        begin = time.perf_counter()
+        for _ in range(rounds):
+            fn()
+        return (time.perf_counter() - begin) / rounds
+
+    monkeypatch.setattr(gpu_bench, "_event_median", host_median)
+    monkeypatch.setattr(gpu_bench, "bf16_peak_flops", lambda device: 1e12)
+    result = gpu_bench.dots_benchmark(CPU, n=300, k=16, d=8, dtype=torch.float32, rounds=2)
+    assert result["backend"] == "cpu" and result["max_abs_error"] < 1e-5
+    assert result["speedup"] == pytest.approx(result["reference_ms"] / result["kernel_ms"])
+    assert result["peak_fraction"] == pytest.approx(result["tflops"] / 1.0)
