@@ -14,20 +14,26 @@ pytestmark = pytest.mark.slow
 
 # name -> (overrides, metrics the run must log on every step)
 SWITCHES = {
-    # 16 prompts, B = 8: an epoch is two steps, so the schedule keeps all, then ramps.
+    # 32 prompts, B = 8, HIVE's pool 2 x 8 a step: an epoch is two steps, so the schedule keeps
+    # the mixed groups, then ramps.
     "lze-release-hive": (["selection.policy=lze", "selection.keep_ratio_schedule=release",
                           "selection.schedule_ramp_epochs=1", "selection.schedule_target=0.5",
-                          "selection.schedule_floor=0.5", "data.train_limit=16",
-                          "selection.entropy_filter=true"],
+                          "selection.schedule_floor=0.5", "data.train_limit=32",
+                          "selection.entropy_filter=true", "selection.hive_pool_factor=2"],
                          ["hive/dropped", "compute/forward/entropy"]),
+    # On dynamic sampling: top-up rounds refill the batch with mixed groups.
     "greso": (["selection.policy=greso", "selection.greso_initial=0.05"],
-              ["greso/p_easy", "greso/p_hard"]),
+              ["greso/p_easy", "greso/p_hard", "fill/rounds"]),
+    # LZE with the filling loop: top-ups until floor(8 x 0.5) groups have energy > 0.
+    "lze-refill": (["selection.policy=lze", "selection.refill=true", "selection.keep_ratio=0.5"],
+                   ["fill/rounds", "fill/capped"]),
     # With GRESO's prefilter fed by the screening (its state is in the checkpoint), training
-    # only LZE's top floor(8 x 0.5) groups by energy.
+    # only LZE's top floor(8 x 0.5) groups by energy; the groups carried from one step to the
+    # next are in each rank's checkpoint file.
     "speed": (["selection.policy=speed", "selection.speed_screen_rollouts=2",
                "selection.speed_prefilter=greso", "selection.greso_initial=0.05",
                "selection.keep_top_energy=true", "selection.keep_ratio=0.5"],
-              ["compute/rollouts/screening", "greso/p_easy"]),
+              ["greso/p_easy", "fill/carried_groups"]),
     # References every other step, predicted by the policy's own prompt embeddings.
     "dots": (["selection.policy=dots", "selection.dots_reference_size=16"],
              ["dots/calibration_slope"]),
@@ -46,7 +52,8 @@ def test_switch_runs_and_resumes_exactly(switch, tmp_path):
     assert result.returncode == 0, tail(result)
     steps = _steps(run_dir)
     assert sorted(steps) == list(range(1, RESUME_CHECK_STEPS + 1))
-    for name in expected + ["compute/flops", "total/rollouts", "compute/zero_variance_generated_frac"]:
+    for name in expected + ["compute/flops", "total/rollouts",
+                            "compute/zero_variance_generated_frac"]:
         assert all(name in m for m in steps.values()), name
     CHECKS[switch](steps)
     resumed = rerun_from_checkpoint(run_dir, 2, *RESUME_CHECK_RUN, *overrides)
@@ -54,26 +61,44 @@ def test_switch_runs_and_resumes_exactly(switch, tmp_path):
 
 
 def _release_hive(steps):
-    for s in (1, 2):  # epoch 0: every group with rollouts (HIVE may have dropped some)
-        assert steps[s]["sa/kept_groups"] == 8 - steps[s]["sa/skipped_rollouts"]
+    for s in (1, 2):  # epoch 0: the groups with mixed rewards (HIVE may have dropped some)
+        rolled_out = 8 - steps[s]["sa/skipped_rollouts"]
+        mixed = rolled_out * (1 - steps[s]["reward/zero_std_frac"])
+        assert steps[s]["sa/kept_groups"] == round(mixed)
     for s in (3, 4):  # epoch 1: k = floor(8 x 0.5)
         assert steps[s]["sa/kept_groups"] <= 4
     assert all(m["compute/forward/entropy"] > 0 for m in steps.values())
 
 
 def _greso(steps):
-    assert all(0.05 <= m["greso/p_easy"] <= 0.95 for m in steps.values())
+    for m in steps.values():
+        assert 0.05 <= m["greso/p_easy"] <= 0.95
+        assert m["select/zero_variance_trained_frac"] == 0  # dynamic sampling
+        if not m["fill/capped"]:
+            assert m["sa/kept_groups"] == 8 - m["fill/short_rows"]
+    # 256 prompts, at most 2 x 1.5 x 8 a round: all 4 steps are in the first epoch
+    assert all(m["greso/p_easy"] == pytest.approx(0.05) for m in steps.values())
+
+
+def _lze_refill(steps):
+    for m in steps.values():
+        assert m["compute/rollouts/train"] == 8 * 4  # LZE's B prompts, then top-ups
+        if not m["fill/capped"]:  # the quota is met by groups with energy > 0
+            assert m["sa/kept_groups"] == 4 and m["select/zero_variance_trained_frac"] == 0
 
 
 def _speed(steps):
-    for m in steps.values():
-        assert m["compute/rollouts/screening"] > 0
+    for m in steps.values():  # a step the carried groups fill generates nothing
+        screening = m.get("compute/rollouts/screening", 0)
+        assert screening == 2 * m.get("compute/groups/screening", 0)  # n_init = 2
         # every group trained on contains its mixed screening rewards
         assert m["select/zero_variance_trained_frac"] == 0
         # continuation rollouts extend the screened groups: no groups of their own
         assert m.get("compute/groups/continuation", 0) == 0
         assert m["sa/kept_groups"] <= 4  # keep_top_energy: k = floor(8 x 0.5)
     assert steps[4]["greso/streaking_prompts"] > 0  # the screening fed the prefilter
+    assert steps[1]["compute/rollouts/screening"] > 0
+    assert any(m["fill/carried_groups"] > 0 for m in steps.values())
 
 
 def _dots(steps):
@@ -83,4 +108,5 @@ def _dots(steps):
     assert all(steps[s].get("compute/forward/embedding", 0) == 0 for s in (2, 3, 4))
 
 
-CHECKS = {"lze-release-hive": _release_hive, "greso": _greso, "speed": _speed, "dots": _dots}
+CHECKS = {"lze-release-hive": _release_hive, "greso": _greso, "lze-refill": _lze_refill,
+          "speed": _speed, "dots": _dots}
