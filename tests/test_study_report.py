@@ -325,3 +325,17 @@ def test_the_report_does_not_import_the_study_driver():
     tree = ast.parse(Path(report.__file__).read_text())
     imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     assert not any(name and name.endswith("study") for name in imported), imported
+
+
+def test_every_study_method_loads_with_the_preset_at_the_official_settings():
+    from lze_trainer.config import load
+    from lze_trainer.study import ALL_METHODS, PRESET
+
+    preset = load(PRESET)
+    configs = {m: load(PRESET, overrides) for m, overrides in ALL_METHODS.items()}
+    assert {c.rollout.n for c in configs.values()} == {preset.rollout.n}  # one G for all
+    assert preset.selection.speed_screen_rollouts * 3 <= preset.rollout.n  # a third at most
+    for m in ("dots", "dots-replay"):  # the official K / B = 256 / 512
+        assert configs[m].selection.dots_reference_size * 2 == preset.trainer.batch_size
+    assert configs["lze-lr2"].actor.lr == 2 * preset.actor.lr
+    assert all(c.actor.lr == preset.actor.lr for m, c in configs.items() if m != "lze-lr2")

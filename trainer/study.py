@@ -32,39 +32,38 @@ from pathlib import Path
 from .metrics import read_metrics
 from .study_report import MARKDOWN_FILE, WALL_FILE, quote_in_readme, read_best, write_report
 
-# Method -> config overrides of the study preset. Every method of the trainer, and the best
-# combination found on seeds other than the reported ones (see docs/study.md).
+# Method -> config overrides of the study preset. Every method of the trainer as its paper runs
+# it (README, "Selection methods"), and the best combination found on seeds other than the
+# reported ones (see docs/study.md).
 METHODS: dict[str, list[str]] = {
     "grpo": ["selection.policy=uniform"],
-    "dapo": ["selection.policy=dapo"],
-    "lze": ["selection.policy=lze"],
+    "dapo": ["selection.policy=dapo"],  # dynamic sampling: rounds until B mixed groups
+    "lze": ["selection.policy=lze"],  # the release's published example: a fixed 0.4
     "lze-release": ["selection.policy=lze", "selection.keep_ratio_schedule=release"],
     "lze-prune": ["selection.policy=lze", "selection.prune=true"],
     "lze-alloc": ["selection.policy=lze", "rollout.allocation=true"],
-    # A reference set of B prompts every other step (the release's K = 256 is for batches of
-    # 512 prompts; at B = 64 it would generate twice the training rollouts).
-    "dots": ["selection.policy=dots", "selection.dots_reference_size=64"],
-    "dots-replay": ["selection.policy=dots", "selection.dots_reference_size=64", "replay.ratio=0.5"],
-    "greso": ["selection.policy=greso"],
-    "speed": ["selection.policy=speed"],
+    # K = B / 2 references every other step, the official K / B (256 per 512 prompts).
+    "dots": ["selection.policy=dots", "selection.dots_reference_size=32"],
+    # The official replay run clips symmetrically at 0.2 (no clip-higher).
+    "dots-replay": ["selection.policy=dots", "selection.dots_reference_size=32", "replay.ratio=0.5",
+                    "actor.clip_ratio_high=0.2"],
+    "greso": ["selection.policy=greso"],  # on dynamic sampling, as its scripts run it
+    "speed": ["selection.policy=speed"],  # 4 screening rollouts of G = 12
     "lze-hive": ["selection.policy=lze", "selection.entropy_filter=true"],
 }
 # Candidates for the best combination, tried on seeds other than the reported ones (the search,
 # docs/study_search/), which picks the one with the smallest worst ratio to plain GRPO there
-# (study_report.pick_best); the main study runs it under its own name. Earlier searches
-# (docs/study_search/ at commits 2b7d342, ea8d084, edb5041, 1c5eec8 and 5b7bd7a, 150 steps) tried
-# lze, lze with the pruner, greso and speed, each with replay 0.5, speed with GRESO's prefilter,
-# speed training only LZE's top 40-50 % of its groups by energy (with and without that
-# prefilter), greso training LZE's top 40 %, and lze keeping 30 % or 25 %: none beat speed (lze
-# keeping 25 % and speed training LZE's top 40 % reached neither metric).
+# (study_report.pick_best); the main study runs it under its own name. The search may also try a
+# learning-rate multiplier (selective batches are less noisy); the pick then keeps its own rate.
+# The fixed-step searches before this protocol are listed in docs/study-fixed-steps/.
 CANDIDATES: dict[str, list[str]] = {
     "speed": METHODS["speed"],
     "lze": METHODS["lze"],
     "lze-prune": METHODS["lze-prune"],
-    # The methods closest to the goal on the reported seeds at 5b7bd7a, tried on the search's
-    # seed too.
-    "lze-alloc": METHODS["lze-alloc"],
     "lze-hive": METHODS["lze-hive"],
+    # LZE with top-up rounds until its quota of groups with energy > 0 is met.
+    "lze-refill": ["selection.policy=lze", "selection.refill=true"],
+    "lze-lr2": [*METHODS["lze"], "actor.lr=6.0e-4"],  # twice the preset's 3e-4
 }
 ALL_METHODS = {**METHODS, **CANDIDATES}
 SEARCH_SEEDS = [10]  # seeds of the search for "best" (never reported in the main table)
