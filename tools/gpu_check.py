@@ -745,8 +745,9 @@ def stage_trainer(work: Path, options: dict) -> dict:
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
     memory: dict = {}
     from lze_trainer import main as trainer_main
+    from lze_trainer.run_log import output_to
 
-    with phase_memory(memory), _tee_output(work / "trainer.log"):
+    with phase_memory(memory), output_to(work / "trainer.log"):
         code = trainer_main.main(["--config", "tiny", f"model.path={model}",
                                   f"data.train={data}", f"trainer.run_dir={out / 'run'}",
                                   *TRAINER_OVERRIDES])
@@ -839,26 +840,6 @@ def phase_memory(record: dict):
     finally:
         metrics.Timer.__call__ = original
         close_stretch("outside")
-
-
-@contextmanager
-def _tee_output(path: Path):
-    """The process's stdout and stderr (file descriptors, so child processes' too) into ``path``."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = os.dup(1), os.dup(2)
-    with open(path, "a") as log:
-        os.dup2(log.fileno(), 1)
-        os.dup2(log.fileno(), 2)
-        try:
-            yield
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os.dup2(saved[0], 1)
-            os.dup2(saved[1], 2)
-            for fd in saved:
-                os.close(fd)
 
 
 def _step_summary(path: Path) -> list[dict]:

@@ -79,10 +79,18 @@ def libraries_to_log() -> Iterator[None]:
     if _log_path is None:
         yield
         return
+    with output_to(_log_path):
+        yield
+
+
+@contextmanager
+def output_to(path) -> Iterator[None]:
+    """File descriptors 1 and 2 appended to ``path`` (so what C++ code and child processes
+    print goes there too), restored after."""
     sys.stdout.flush()
     sys.stderr.flush()
     saved = os.dup(1), os.dup(2)
-    with open(_log_path, "ab") as log:
+    with open(path, "ab") as log:
         os.dup2(log.fileno(), 1)
         os.dup2(log.fileno(), 2)
     try:
