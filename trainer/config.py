@@ -171,6 +171,8 @@ class TrainerConfig:
     keep_checkpoints: int = 2  # newest checkpoints kept on disk
     resume: str = "auto"  # auto: newest checkpoint in run_dir; never; or a checkpoint folder
     stop_after_steps: Optional[int] = None  # exit cleanly (after a checkpoint) at this step, as a preempted job would
+    flops_budget: Optional[float] = None  # end the run after the first step whose cumulative FLOPs proxy (total/flops) reaches this (equal-compute comparisons); total_steps stays the cap and the lr schedule's length
+    eval_at_flops: list[float] = field(default_factory=list)  # held-out evaluation after the first step whose cumulative FLOPs proxy reaches each of these (ascending), instead of every eval_every steps
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: cuda when available
     threads_per_rank: int = 0  # torch threads per rank (0: cores / local ranks)
     log_every: int = 1  # metrics to JSONL / TensorBoard every this many steps
@@ -182,8 +184,6 @@ class TrainerConfig:
 
 @dataclass
 class Config:
-    flops_budget: Optional[float] = None  # end the run after the first step whose cumulative FLOPs proxy (total/flops) reaches this (equal-compute comparisons); total_steps stays the cap and the lr schedule's length
-    eval_at_flops: list[float] = field(default_factory=list)  # held-out evaluation after the first step whose cumulative FLOPs proxy reaches each of these (ascending), instead of every eval_every steps
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -260,21 +260,6 @@ def validate(c: Config) -> None:
         _require(1 <= c.trainer.stop_after_steps <= c.trainer.total_steps,
                  "trainer.stop_after_steps", "an int in [1, trainer.total_steps]",
                  c.trainer.stop_after_steps)
-
-
-def _validate_methods(c: Config) -> None:
-    """The forward-selection methods' keys (lze_trainer.methods) and which switches combine."""
-    s, policy = c.selection, c.selection.policy
-    _positive(c, "selection.dots_every", "selection.dots_reference_size", "selection.dots_tau",
-              "selection.dots_attention_tau",
-              "selection.dots_predictor_prompts", "selection.dots_predictor_hidden",
-              "selection.dots_predictor_layers", "selection.dots_predictor_epochs",
-              "selection.dots_predictor_time_s", "selection.dots_predictor_lr",
-              "selection.dots_predictor_batch",
-              "selection.schedule_ramp_epochs", "replay.buffer_size")
-    for key in ("selection.greso_target_zero_variance", "selection.greso_easy_share",
-                "selection.greso_step", "replay.ratio"):
-        _require(0 <= _get(c, key) <= 1, key, "a float in [0, 1]", _get(c, key))
     _validate_budget(c.trainer)
 
 
@@ -284,6 +269,20 @@ def _validate_budget(t: "TrainerConfig") -> None:
     points = t.eval_at_flops
     _require(all(x > 0 for x in points) and points == sorted(set(points)), "trainer.eval_at_flops",
              "distinct positive FLOPs in ascending order", points)
+
+
+def _validate_methods(c: Config) -> None:
+    """The forward-selection methods' keys (lze_trainer.methods) and which switches combine."""
+    s, policy = c.selection, c.selection.policy
+    _positive(c, "selection.dots_every", "selection.dots_reference_size", "selection.dots_tau",
+              "selection.dots_attention_tau", "selection.dots_predictor_prompts",
+              "selection.dots_predictor_hidden", "selection.dots_predictor_layers",
+              "selection.dots_predictor_epochs", "selection.dots_predictor_time_s",
+              "selection.dots_predictor_lr", "selection.dots_predictor_batch",
+              "selection.schedule_ramp_epochs", "replay.buffer_size")
+    for key in ("selection.greso_target_zero_variance", "selection.greso_easy_share",
+                "selection.greso_step", "replay.ratio"):
+        _require(0 <= _get(c, key) <= 1, key, "a float in [0, 1]", _get(c, key))
     _require(0.05 <= s.greso_initial <= 0.95, "selection.greso_initial", "a float in [0.05, 0.95]",
              s.greso_initial)
     _require(0 <= s.dots_predictor_holdout < 1, "selection.dots_predictor_holdout",

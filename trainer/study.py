@@ -44,9 +44,9 @@ METHODS: dict[str, list[str]] = {
     "lze-alloc": ["selection.policy=lze", "rollout.allocation=true"],
     # K = B / 2 references every other step, the official K / B (256 per 512 prompts).
     "dots": ["selection.policy=dots", "selection.dots_reference_size=32"],
-    # The official replay run clips symmetrically at 0.2 (no clip-higher).
+    # The official replay run clips symmetrically at 0.2 (no clip-higher) with a buffer of B.
     "dots-replay": ["selection.policy=dots", "selection.dots_reference_size=32", "replay.ratio=0.5",
-                    "actor.clip_ratio_high=0.2"],
+                    "actor.clip_ratio_high=0.2", "replay.buffer_size=64"],
     "greso": ["selection.policy=greso"],  # on dynamic sampling, as its scripts run it
     "speed": ["selection.policy=speed"],  # 4 screening rollouts of G = 12
     "lze-hive": ["selection.policy=lze", "selection.entropy_filter=true"],

@@ -1,9 +1,9 @@
 """Selection methods of the trainer, one registry by name (``selection.policy``).
 
 Each method is a module of its own that registers a builder with :func:`register`; the trainer
-builds the configured one with :func:`build` and calls its phases (:class:`Method`). Switches that
-combine with any policy (the forward pruner, rollout allocation, HIVE's entropy check, rollout
-replay) wrap the built method's parts.
+builds the configured one with :func:`build` and calls its phases (:class:`Method`). Switches
+wrap the built method's parts (the forward pruner, rollout allocation, HIVE's two stages before
+rollout, rollout replay).
 
 * ``uniform``: every group (plain GRPO), the sampler's next B prompts; ``dapo``: DAPO's dynamic
   sampling (Yu et al. 2025): generation rounds until B groups with non-zero reward variance are
@@ -14,10 +14,11 @@ replay) wrap the built method's parts.
   rollout by predicted difficulty, by zero-variance streaks (on dynamic sampling), or by a
   screening round (filling the batch, carrying surplus to the next step);
 * switches: ``selection.refill`` (LZE: top-up rounds until the top-k quota has groups with
-  energy > 0, the loop of :mod:`.fill`), ``selection.entropy_filter`` (HIVE, :mod:`.hive`),
-  ``replay.ratio`` (Rollout Replay, :mod:`.replay`), ``selection.keep_top_energy`` (a method
-  that chooses before rollout then trains only LZE's top ``floor(keep_ratio x B)`` of its groups
-  by energy, e.g. SPEED's screened batch: forward and backward selection combined).
+  energy > 0, the loop of :mod:`.fill`), ``selection.entropy_filter`` (HIVE: a shortlist by
+  reward history, then the top half of it by prompt entropy, :mod:`.hive`), ``replay.ratio``
+  (Rollout Replay, :mod:`.replay`), ``selection.keep_top_energy`` (a method that chooses before
+  rollout then trains only LZE's top ``floor(keep_ratio x B)`` of its groups by energy, e.g.
+  SPEED's screened batch: forward and backward selection combined).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def build(ctx: MethodContext) -> Method:
         raise ValueError(f"selection.policy: expected one of {names()}, got {name!r}")
     method = _REGISTRY[name](ctx)
     if ctx.cfg.selection.entropy_filter:
-        method.chooser = EntropyChecked(ctx, method.chooser)
+        method.chooser = HistoryThenEntropy(ctx, method.chooser)
     if ctx.cfg.selection.keep_top_energy:
         method.group_filter = keep_top_energy
     if ctx.cfg.selection.refill:
@@ -81,7 +82,7 @@ def _dapo(ctx: MethodContext) -> Method:
 
 # Each module registers its policy on import (after ``register`` exists).
 from . import dots, greso, lze_schedule, speed  # noqa: E402,F401
-from .hive import EntropyChecked  # noqa: E402
+from .hive import HistoryThenEntropy  # noqa: E402
 from .replay import with_replay  # noqa: E402
 
 

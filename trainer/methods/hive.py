@@ -10,9 +10,10 @@ within the shortlisted pool only; the median is computed from that pool"; "the h
 is broad and retains exploration candidates").
 
 1. **History (coarse).** ``ceil(selection.hive_pool_factor x B)`` candidates (at most every
-   training prompt) come from the epoch sampler. Each gets a prior from its reward history, the learning edge of medium difficulty:
-   ``4 p (1 - p)`` of its pass-rate EMA ``p`` (the LZE selector's per-prompt EMA, updated from
-   every rollout the prompt had), and 1 for a prompt never rolled out (kept for exploration).
+   training prompt) come from the epoch sampler. Each gets a prior from its reward history, the
+   learning edge of medium difficulty: ``4 p (1 - p)`` of its pass-rate EMA ``p`` (the LZE
+   selector's per-prompt EMA, updated from every rollout the prompt had), and 1 for a prompt
+   never rolled out (kept for exploration).
    The ``S = ceil(B / selection.hive_keep_share)`` candidates with the highest prior form the
    shortlist (ties in sampler order), so prompts whose history says solved or hopeless drop out
    first.
@@ -98,6 +99,3 @@ def shortlist_by_history(prior: torch.Tensor, n: int) -> torch.Tensor:
 def top_entropy(entropy: torch.Tensor, n: int) -> torch.Tensor:
     """[n] indices of the ``n`` highest prompt entropies, ties in index order."""
     return torch.sort(entropy, descending=True, stable=True).indices[:n]
-
-
-EntropyChecked = HistoryThenEntropy  # the name methods.build wraps choosers with
