@@ -121,6 +121,17 @@ def _counting_placement(row: np.ndarray, counts: np.ndarray):
     return slot, order[starts]
 
 
+def rows_by_uid(uids, prompt_index) -> dict:
+    """uid -> dataset row for one step (verl's ``non_tensor_batch`` ``"uid"`` and ``"index"``,
+    one per prompt or per response)."""
+    rows = _host_ids(prompt_index)
+    uids = _host_keys(uids)
+    if uids.shape != rows.shape:
+        raise ValueError(f"prompt_index: expected one dataset row per uid ({uids.shape[0]}), "
+                         f"got shape {rows.shape}")
+    return dict(zip(uids.tolist(), rows.tolist()))
+
+
 @dataclass
 class VerlStep:
     """One estimator call: verl's outputs plus the selection."""
@@ -172,12 +183,7 @@ class LZEAdvantage:
         """Remember the dataset row of each of this step's uids (verl's ``non_tensor_batch``
         ``"uid"`` and ``"index"``, one per prompt or per response); the next call that gets no
         ``prompt_index`` looks its responses' rows up by uid. Replaces the previous binding."""
-        rows = _host_ids(prompt_index)
-        uids = _host_keys(uids)
-        if uids.shape != rows.shape:
-            raise ValueError(f"prompt_index: expected one dataset row per uid ({uids.shape[0]}), "
-                             f"got shape {rows.shape}")
-        self._rows_by_uid = dict(zip(uids.tolist(), rows.tolist()))
+        self._rows_by_uid = rows_by_uid(uids, prompt_index)
 
     def __call__(self, token_level_rewards: torch.Tensor, response_mask: torch.Tensor,
                  index, epsilon: float = 1e-6, norm_adv_by_std_in_grpo: Optional[bool] = None,

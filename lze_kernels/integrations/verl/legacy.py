@@ -26,7 +26,7 @@ from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
 from . import checkpoint
 from .checkpoint import LZERLHFDataset
-from .estimator import LZEAdvantage, _host_ids, _layout, group_by_uid
+from .estimator import LZEAdvantage, _layout, group_by_uid, rows_by_uid
 from .forward import ForwardSampler
 
 
@@ -59,7 +59,7 @@ class LZERayPPOTrainer(RayPPOTrainer):
     def bind_rows(self, batch) -> None:
         """Remember the step's uid -> dataset row, and bind it in an LZE estimator."""
         uids, rows = batch.non_tensor_batch["uid"], batch.non_tensor_batch["index"]
-        self._rows_by_uid = dict(zip(uids.tolist(), _host_ids(rows).tolist()))
+        self._rows_by_uid = rows_by_uid(uids, rows)
         estimator = _registered_estimator(self.config.algorithm.adv_estimator)
         if isinstance(estimator, LZEAdvantage):
             estimator.bind_uids(uids, rows)
