@@ -337,5 +337,6 @@ def test_every_study_method_loads_with_the_preset_at_the_official_settings():
     assert preset.selection.speed_screen_rollouts * 3 <= preset.rollout.n  # a third at most
     for m in ("dots", "dots-replay"):  # the official K / B = 256 / 512
         assert configs[m].selection.dots_reference_size * 2 == preset.trainer.batch_size
-    assert configs["lze-lr2"].actor.lr == 2 * preset.actor.lr
-    assert all(c.actor.lr == preset.actor.lr for m, c in configs.items() if m != "lze-lr2")
+    multipliers = {"lze-lr2": 2.0, "lze-lr05": 0.5}  # the search's learning-rate candidates
+    for m, c in configs.items():
+        assert c.actor.lr == multipliers.get(m, 1.0) * preset.actor.lr, m
