@@ -55,9 +55,8 @@ METHODS: dict[str, list[str]] = {
 # docs/study_search/), which picks the one with the smallest worst ratio to plain GRPO there
 # (study_report.pick_best); the main study runs it under its own name. The search may also try a
 # learning-rate multiplier; the pick then keeps its own rate. Both ways have a reason: a selective
-# batch is less noisy (fewer zero-advantage groups), and with the token-mean loss it is also a
-# larger step, because plain GRPO's zero-variance groups add tokens to its normaliser but no
-# gradient (at 38 % of them, a batch of mixed groups alone steps about 1.6x as far).
+# batch is less noisy (no zero-advantage groups), and on the study's task larger steps (twice the
+# rate, or four optimizer steps a batch) lost accuracy in plain GRPO's pilots (docs/study-task.md).
 # The fixed-step searches before this protocol are listed in docs/study-fixed-steps/.
 CANDIDATES: dict[str, list[str]] = {
     "speed": METHODS["speed"],
