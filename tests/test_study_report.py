@@ -142,6 +142,8 @@ def test_report_files(study, tmp_path):
             "0.560 ± 0.010 | +0.060 ± 0.010 | 0.78x (0.78x, 0.78x) |") in text
     assert "slow does not help on greedy pass@1: it never reached 90 % of plain GRPO's gain" in text
     assert "lze reached 90 % of plain GRPO's gain on greedy pass@1 with 0.78x its FLOPs" in text
+    assert ("at the full budget it is -0.200 ± 0.000 against plain GRPO (paired), below it by "
+            "more than two SE.") in text
     assert "Budget: plain GRPO's 4 steps, 400 FLOPs" in text
     assert "50 % of the groups had zero reward variance (20 % all right, 30 % all wrong" in text
     assert "The runs took 6 min in all" in text
@@ -150,6 +152,13 @@ def test_report_files(study, tmp_path):
     assert len(rows) == 2 * (5 + 9 + 5)
     for png in ("study_accuracy.png", "study_zero_variance.png"):
         assert (out / png).stat().st_size > 10_000
+
+
+def test_one_seed_has_no_se_so_nothing_is_called_below_plain_grpo(study, tmp_path):
+    one_seed = {m: folders[:1] for m, folders in study.items()}
+    text = write_report(one_seed, "grpo", tmp_path / "report").read_text()
+    assert "at the full budget it is -0.200 ± n/a against plain GRPO (paired)." in text
+    assert "below it" not in text
 
 
 def test_every_method_has_its_own_colour_and_marker_and_grpo_stands_out():
