@@ -259,14 +259,16 @@ def test_readme_quotes_the_report_tables_between_its_markers(tmp_path):
 
     report = tmp_path / "study.md"
     report.write_text("# Title\n\nsetup\n\n## Held-out greedy pass@1\n\n| a |\n|---|\n| 1 |\n\n"
-                      "## Held-out sampled accuracy\n\n| b |\n\n## What the numbers say\n\n- x\n")
+                      "## Held-out sampled accuracy\n\n| b |\n\n## What the numbers say\n\n- x\n\n"
+                      "**Goal** (...): **not met**.\n\n## Training signal per step\n")
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{README_BEGIN}\nold\n{README_END}\noutro\n")
     assert quote_in_readme(report, readme)
     text = readme.read_text()
     assert "old" not in text and text.startswith("intro\n") and text.endswith("outro\n")
     assert "#### Held-out greedy pass@1" in text and "| 1 |" in text and "| b |" in text
-    assert "What the numbers say" not in text
+    assert "What the numbers say" not in text and "Training signal" not in text
+    assert "| b |\n\n**Goal** (...): **not met**.\n<!--" in text
     plain = tmp_path / "PLAIN.md"
     plain.write_text("no markers\n")
     assert not quote_in_readme(report, plain) and plain.read_text() == "no markers\n"

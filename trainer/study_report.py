@@ -349,17 +349,19 @@ README_BEGIN, README_END = "<!-- study tables: begin -->", "<!-- study tables: e
 
 
 def quote_in_readme(report: Path, readme: Path) -> bool:
-    """Copy the report's tables between the README's markers (the README quotes the main
-    table, generated, never typed); False when the README has no markers."""
+    """Copy the report's tables and its goal verdict between the README's markers (the README
+    quotes the main table, generated, never typed); False when the README has no markers."""
     text = readme.read_text()
     if README_BEGIN not in text or README_END not in text:
         return False
     markdown = report.read_text()
     start = markdown.index("## Held-out")
     tables = markdown[start:markdown.index("## What the numbers say")].replace("## ", "#### ")
+    verdict = [line for line in markdown.splitlines() if line.startswith("**Goal**")]
+    quoted = "\n\n".join([tables.strip(), *verdict])
     head, rest = text.split(README_BEGIN, 1)
     tail = rest.split(README_END, 1)[1]
-    readme.write_text(f"{head}{README_BEGIN}\n{tables.strip()}\n{README_END}{tail}")
+    readme.write_text(f"{head}{README_BEGIN}\n{quoted}\n{README_END}{tail}")
     return True
 
 
