@@ -1,5 +1,5 @@
 """The two pinned install sets (requirements/constraints-{cpu,cuda}.txt, written by tools/lock.sh):
-the README's table promises what they pin, `make setup` picks one by VLLM, and the CUDA set
+docs/install.md's table promises what they pin, `make setup` picks one by VLLM, and the CUDA set
 resolves (uv, from PyPI metadata, for x86_64 Linux) to vllm 0.32.0 with torch 2.13.0."""
 
 import re
@@ -30,12 +30,12 @@ def pins(path: Path) -> dict[str, str]:
     return pins_of_text(path.read_text())
 
 
-def readme_pins() -> dict[str, dict[str, str]]:
-    """The README's pinned-sets table: ``{"cpu": {name: version}, "cuda": {...}}``.
+def documented_pins() -> dict[str, dict[str, str]]:
+    """docs/install.md's pinned-sets table: ``{"cpu": {name: version}, "cuda": {...}}``.
 
     A row's package cell is one name or ``cpu-name / cuda-name``; a version cell's first word
     is the pin, ``-`` when that set does not hold the package."""
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "install.md").read_text()
     table = text.split("<!-- pinned-sets -->")[1]
     out = {s: {} for s in SETS}
     for row in table.strip().splitlines()[2:]:
@@ -51,9 +51,9 @@ def readme_pins() -> dict[str, dict[str, str]]:
 
 
 @pytest.mark.parametrize("pin_set", SETS)
-def test_readme_pins_match_the_files(pin_set):
-    promised = readme_pins()[pin_set]
-    assert len(promised) >= 8, "README: the pinned-sets table is missing rows"
+def test_documented_pins_match_the_files(pin_set):
+    promised = documented_pins()[pin_set]
+    assert len(promised) >= 8, "docs/install.md: the pinned-sets table is missing rows"
     locked = pins(REQ / f"constraints-{pin_set}.txt")
     assert {n: locked.get(n) for n in promised} == promised
 
