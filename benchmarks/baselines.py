@@ -6,7 +6,7 @@ per-group torch ops, and the advantages are written back one sequence at a time.
 follows the public release: pass rates read with one ``.item()`` per prompt, the per-prompt state
 in a Python dict, energies in Python floats and the top-k by a Python sort.
 
-It computes what :meth:`lze_kernels.LZESelector.step` computes (SPEC 2-5) for the inputs the
+It computes what :meth:`lze_kernels.LZESelector.step` computes (docs/spec.md §2-5) for the inputs the
 benchmark feeds it (every rollout valid, distinct ids in range); ``tests/test_baselines.py``
 checks that. The Gumbel noise is drawn with the library's counter-based generator in one
 vectorised call, so both sides see the same noise and the loop is not charged for a per-row RNG.
@@ -85,7 +85,7 @@ class PythonLoopSelector:
         )
 
     def _update_prompt(self, s: PromptState, p: float):
-        """SPEC 3 and 5 for one prompt: returns (energy, momentum) and updates its state."""
+        """docs/spec.md §3 and §5 for one prompt: returns (energy, momentum) and updates its state."""
         cfg = self.config
         if s.seen == 0:
             s.d_init, momentum = max(1.0 - p, cfg.d_min), 0.0
@@ -129,7 +129,7 @@ def _group_mean_std(scores: torch.Tensor, index: list):
 
 
 def _write_advantages(scores: torch.Tensor, index: list, id2mean, id2std, cfg: LZEConfig):
-    """verl: advantages written back into ``scores`` one sequence at a time (SPEC 2)."""
+    """verl: advantages written back into ``scores`` one sequence at a time (docs/spec.md §2)."""
     for i in range(scores.shape[0]):
         uid = index[i]
         if id2std[uid] is None:

@@ -5,7 +5,7 @@ Grouping and advantages follow verl's ``compute_grpo_vectorized_outcome_advantag
 per-group count, sum and sum of squares with ``index_add_``; the number of groups is read from the
 largest group index (``int(max(...).item())``, a host sync) and singleton groups are patched under
 ``if torch.any(single)`` (another sync). The std is ``sqrt(max(var, eps))`` with the unbiased
-variance, as in verl. The LZE part (SPEC 3-5) is the same formulas on per-prompt state tensors
+variance, as in verl. The LZE part (docs/spec.md §3-5) is the same formulas on per-prompt state tensors
 gathered and scattered by prompt id, the top-k is ``torch.topk``, and the kept rows are read the
 way verl filters a batch, with ``nonzero`` (a sync). It is what today's fastest host-free-ish
 PyTorch code looks like: no Python loop over sequences, but syncs and many small launches.
@@ -81,7 +81,7 @@ class VectorisedSelector:
                                     kept.numel())
 
     def _update_state(self, ids: torch.Tensor, p: torch.Tensor):
-        """SPEC 3 and 5 on the gathered state rows; returns (energy, momentum)."""
+        """docs/spec.md §3 and §5 on the gathered state rows; returns (energy, momentum)."""
         cfg = self.config
         first = self.seen[ids] == 0
         ema_before = self.ema[ids]

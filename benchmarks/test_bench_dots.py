@@ -1,4 +1,4 @@
-"""DOTS pass-rate prediction (SPEC 8) over N prompts and K = 256 references, d = 384.
+"""DOTS pass-rate prediction (docs/spec.md §8) over N prompts and K = 256 references, d = 384.
 
 Variants: ``fused`` (``ops.predict_pass_rates``, backend ``auto``: the C++ kernel on a CPU,
 Triton on a GPU), ``torch_reference`` (the chunked reference, ``backend="torch"``), ``naive``

@@ -3,7 +3,7 @@
 // emulator for the tests). No torch headers: callers pass raw pointers, sizes and a stream,
 // and lze_kernels/native.py wraps them as torch custom ops.
 //
-// Semantics: ../shared/SPEC.md sections 2-5, restated in docs/DESIGN.md.
+// Semantics: docs/spec.md §2-5.
 #pragma once
 #include <stdint.h>
 
@@ -37,7 +37,7 @@ int lze_step_cpu(const void* rewards, int32_t rewards_dtype, const uint8_t* vali
                  float* energy, float* momentum, int32_t* fault, lze::Params params,
                  lze::ThreadBudget threads);
 
-// Top-k of rows by energy (SPEC 4). Candidates are rows with energy > 0. With noise_scale > 0
+// Top-k of rows by energy (docs/spec.md §4). Candidates are rows with energy > 0. With noise_scale > 0
 // each candidate's score gets Gumbel noise keyed by (seed, step_counter[0], row).
 // Writes keep_mask [B] (uint8 0/1), kept_indices [k] int64 (descending score, -1 padded) and
 // num_kept [1] int64 = min(k, #candidates). Requires 1 <= k <= B.
@@ -45,7 +45,7 @@ int lze_topk_cpu(const float* energy, int64_t B, int64_t k, float noise_scale, u
                  const int64_t* step_counter, uint8_t* keep_mask, int64_t* kept_indices,
                  int64_t* num_kept, lze::ThreadBudget threads);
 
-// DOTS pass-rate prediction (SPEC 8): out[q] = sum_j softmax_j(scale <queries[q], refs[j]>)
+// DOTS pass-rate prediction (docs/spec.md §8): out[q] = sum_j softmax_j(scale <queries[q], refs[j]>)
 // labels[j] for queries [N, d], refs [K, d], labels [K], out [N] (fp32, row-major), one pass
 // with an online softmax. Requires K >= 1 and d >= 1.
 int lze_dots_predict_cpu(const float* queries, const float* refs, const float* labels, int64_t N,

@@ -2,7 +2,7 @@
 // kernels (and, through them, the CUDA emulator). Everything here is a pure function of its
 // arguments, written as __host__ __device__ inline so both compilers see the same expression
 // trees. Every backend must produce bit-identical energies for binary rewards, so the order of
-// operations below is part of the specification (SPEC 3) and is mirrored literally by
+// operations below is part of the specification (docs/spec.md §3) and is mirrored literally by
 // lze_kernels/reference.py and the Triton kernels. Build with FMA contraction off
 // (-ffp-contract=off, nvcc --fmad=false) so a*b+c is never fused differently per backend.
 #pragma once
@@ -37,7 +37,7 @@ enum Fault : int32_t {
 // Reward element types accepted by the kernels (upcast to fp32 on load).
 enum RewardDType : int32_t { kF32 = 0, kBF16 = 1, kF16 = 2 };
 
-// A prompt counts as solved when its pass rate reaches this (SPEC 5).
+// A prompt counts as solved when its pass rate reaches this (docs/spec.md §5).
 constexpr float kSolvedThreshold = 1.0f - 1e-6f;
 
 // Scalar parameters, already rounded to fp32 on the host (one_minus_beta is computed in double
@@ -96,7 +96,7 @@ LZE_HD int32_t reward_fault(float r) {
   return 0;
 }
 
-// GRPO advantage of one rollout (SPEC 2): (r - mean) / (std + eps), or r - mean (Dr. GRPO).
+// GRPO advantage of one rollout (docs/spec.md §2): (r - mean) / (std + eps), or r - mean (Dr. GRPO).
 LZE_HD float grpo_advantage(float r, float mean, float std, int64_t count, const Params& p) {
   if (count < 2) return 0.0f;
   const float centred = r - mean;
@@ -139,7 +139,7 @@ struct PromptStep {
   float momentum;
 };
 
-// SPEC 3 and 5 for a prompt that scored pass rate p in the step stamped `stamp`: anchor on first
+// docs/spec.md §3 and §5 for a prompt that scored pass rate p in the step stamped `stamp`: anchor on first
 // sight, momentum against the EMA before the update, energy, EMA, solved streak and pruning.
 LZE_HD PromptStep advance_prompt(const PromptState& s, float p, int32_t stamp, const Params& prm) {
   const bool first_sight = s.seen == 0;
@@ -228,7 +228,7 @@ LZE_HD float standard_gumbel(float u) {
   return static_cast<float>(-log_nonnegative(-log_nonnegative(static_cast<double>(u))));
 }
 
-// Exploration score s = E + c * g of a candidate with standard Gumbel draw g (SPEC 4).
+// Exploration score s = E + c * g of a candidate with standard Gumbel draw g (docs/spec.md §4).
 LZE_HD float score_with_draw(float e, float gumbel_scale, float draw) {
   return e + gumbel_scale * draw;
 }
@@ -277,7 +277,7 @@ LZE_HD float exp_nonpositive(float x) {
 
 // Online softmax (Milakov & Gimelshein 2018; FlashAttention, Dao et al. 2022) of scores s_j with
 // values y_j: max = max_j s_j, sum = sum_j e^(s_j - max), weighted = sum_j e^(s_j - max) y_j.
-// The DOTS prediction (SPEC 8) is weighted / sum over all references.
+// The DOTS prediction (docs/spec.md §8) is weighted / sum over all references.
 struct OnlineSoftmax {
   float max;
   float sum;

@@ -1,4 +1,4 @@
-"""Configuration of an :class:`~lze_kernels.LZESelector` (defaults from ../shared/SPEC.md)."""
+"""Configuration of an :class:`~lze_kernels.LZESelector` (defaults: docs/spec.md)."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ class LZEConfig:
                  self.replay_ratio)
 
     def num_keep(self, batch_size: int) -> int:
-        """k = clamp(floor(B * keep_ratio), 1, B): depends on B only (SPEC 4)."""
+        """k = clamp(floor(B * keep_ratio), 1, B): depends on B only (docs/spec.md §4)."""
         return num_keep(batch_size, self.keep_ratio)
 
     def to_dict(self) -> dict:

@@ -1,4 +1,4 @@
-"""DOTS: difficulty prediction from a reference set and sampling near p = 1/2 (SPEC 8).
+"""DOTS: difficulty prediction from a reference set and sampling near p = 1/2 (docs/spec.md §8).
 
 Sun et al. 2025, "Improving Data Efficiency for LLM Reinforcement Fine-tuning Through
 Difficulty-targeted Online Data Selection and Rollout Replay". A reference set of K prompts is
@@ -41,7 +41,7 @@ def attention_scale(dim: int, attention_tau: float) -> float:
 
 def predict_pass_rates(query_emb: torch.Tensor, ref_emb: torch.Tensor, ref_pass: torch.Tensor,
                        attention_tau: float = 1.0, backend: str = "auto") -> torch.Tensor:
-    """[N] fp32 predicted pass rates of the queries from K labelled references (SPEC 8).
+    """[N] fp32 predicted pass rates of the queries from K labelled references (docs/spec.md §8).
 
     ``query_emb [N, d]`` and ``ref_emb [K, d]`` (fp32, bf16 or fp16, one dtype), ``ref_pass [K]``
     (any float dtype); scores, softmax and weighted sum in one pass, no ``[N, K]`` matrix."""
@@ -103,7 +103,7 @@ def sample_near_half(predicted: torch.Tensor, n: int, tau: float = 1e-3, seed: i
                      step: Optional[torch.Tensor] = None,
                      eligible: Optional[torch.Tensor] = None) -> torch.Tensor:
     """[n] int64 distinct prompt indices drawn without replacement with probability
-    ``∝ exp(-|p_hat - 1/2| / tau)`` among the eligible prompts (SPEC 8).
+    ``∝ exp(-|p_hat - 1/2| / tau)`` among the eligible prompts (docs/spec.md §8).
 
     Deterministic per ``(seed, step[0])`` (``step``: int64 tensor, default 0). A stable
     descending sort of :func:`near_half_keys` orders equal keys by index, so when fewer than n

@@ -8,7 +8,7 @@ teacher_utils.py``:14-154, trained by ``adaptive_difficulty_prediction/train.py`
   ``LayerNorm -> Linear -> (GELU -> Dropout -> Linear) x (layers - 1) -> LayerNorm``
   (``build_projection``, 14-31). Scores are scaled dot products of the projected vectors,
   ``<P_q z_q, P_r z_j> / sqrt(hidden)``, a softmax over the K references and the weighted mean of
-  their pass rates ``y_j`` (``RegressionHead``, 138-154): the attention of SPEC 8 on projected
+  their pass rates ``y_j`` (``RegressionHead``, 138-154): the attention of docs/spec.md §8 on projected
   vectors, so inference projects every embedding once and runs the fused kernel
   (:func:`lze_kernels.ops.predict_pass_rates`) on the projections.
 * **Calibration head** (``group_logit_temp``, 101-125). An MLP ``2 -> 10 -> ReLU -> 2`` of the

@@ -34,7 +34,7 @@ FAULT_MESSAGES = {
 
 REWARD_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
-# Rounded to fp32 where it is compared; equals the kernels' 1.0f - 1e-6f (SPEC 5).
+# Rounded to fp32 where it is compared; equals the kernels' 1.0f - 1e-6f (docs/spec.md §5).
 SOLVED_THRESHOLD = 1.0 - 1e-6
 UNSET_D_INIT = -1.0
 

@@ -1,7 +1,7 @@
 """Pure-PyTorch reference of every kernel: readable, device-agnostic, free of host syncs.
 
 This module is the test oracle of the Triton, CUDA and C++ backends, and the ``torch`` backend
-itself. It follows ``../shared/SPEC.md`` to the letter; the order of floating-point operations
+itself. It follows docs/spec.md to the letter; the order of floating-point operations
 matches ``csrc/lze_math.h`` so that, for binary rewards, every backend agrees bit for bit.
 
 Nothing here calls ``.item()``, ``.cpu()``, ``.tolist()``, ``nonzero`` or boolean-mask indexing,
@@ -33,7 +33,7 @@ class GroupStats(NamedTuple):
 
 
 class StepStats(NamedTuple):
-    """Per-step outputs of the fused update (SPEC 2 and 3)."""
+    """Per-step outputs of the fused update (docs/spec.md §2 and §3)."""
 
     advantages: torch.Tensor  # [B, G] fp32
     pass_rate: torch.Tensor  # [B] fp32
@@ -42,7 +42,7 @@ class StepStats(NamedTuple):
 
 
 class Selection(NamedTuple):
-    """Fixed-shape top-k selection (SPEC 4)."""
+    """Fixed-shape top-k selection (docs/spec.md §4)."""
 
     keep_mask: torch.Tensor  # [B] bool
     kept_indices: torch.Tensor  # [k] int64, descending score, -1 padded
@@ -81,7 +81,7 @@ def grpo_advantages(
 
     Differs from verl in one case: verl's ``compute_grpo_outcome_advantage`` gives a group of
     one rollout mean 0 and std 1, i.e. ``A = r / (1 + eps)`` (``r`` without the std), a raw
-    reward with no baseline; here (SPEC 2) such a row gets ``A = 0``, as a group without a
+    reward with no baseline; here (docs/spec.md §2) such a row gets ``A = 0``, as a group without a
     second rollout carries no relative signal. Everything else (unbiased std, eps outside the
     square root, ``norm_by_std=False`` as verl's ``norm_adv_by_std_in_grpo=False``) matches."""
     adv = stats.centred / (stats.std[:, None] + eps) if norm_by_std else stats.centred
@@ -139,7 +139,7 @@ def lze_step(
     state: SelectorState,
     params: KernelParams,
 ) -> StepStats:
-    """One LZE step (SPEC 2, 3, 5): statistics, advantages, energy, and the state update.
+    """One LZE step (docs/spec.md §2, §3, §5): statistics, advantages, energy, and the state update.
 
     Rows with a fault (see :func:`row_faults`) or a duplicate id are skipped: their outputs are 0,
     their state is untouched and their fault bits are OR-ed into ``state.fault``. Rows with no
@@ -250,7 +250,7 @@ def gumbel_noise(seed: int, step: torch.Tensor, num_rows: int, device) -> torch.
 def selection_scores(
     energy: torch.Tensor, noise_scale: float, seed: int, step: torch.Tensor
 ) -> torch.Tensor:
-    """Scores of the candidates (energy > 0), ``-inf`` elsewhere (SPEC 4).
+    """Scores of the candidates (energy > 0), ``-inf`` elsewhere (docs/spec.md §4).
 
     With ``noise_scale > 0``: ``s = E + c g``, ``g ~ Gumbel(0, 1)``,
     ``c = noise_scale * max(max E - min E, 0.01)`` over the candidates."""
@@ -284,7 +284,7 @@ def topk_select(
 
 
 def rollout_eligible(state: SelectorState, prompt_ids: torch.Tensor) -> torch.Tensor:
-    """SPEC 5: a prompt gets rollouts unless it is pruned and not drawn for replay."""
+    """docs/spec.md §5: a prompt gets rollouts unless it is pruned and not drawn for replay."""
     flags = state.istate[prompt_ids, L.FLAGS]
     pruned = (flags & L.FLAG_PRUNED) != 0
     replay = (flags & L.FLAG_REPLAY) != 0
@@ -292,7 +292,7 @@ def rollout_eligible(state: SelectorState, prompt_ids: torch.Tensor) -> torch.Te
 
 
 def draw_replays(state: SelectorState, replay_ratio: float, seed: int, epoch: int) -> None:
-    """Mark each pruned prompt for replay with probability ``replay_ratio`` (SPEC 5).
+    """Mark each pruned prompt for replay with probability ``replay_ratio`` (docs/spec.md §5).
 
     One Bernoulli draw per prompt from Philox keyed by (seed, 2^31 + epoch), counter = prompt id,
     so the draw is reproducible, device-independent and sync-free."""
@@ -316,7 +316,7 @@ def take_eligible(eligible: torch.Tensor, candidate_ids: torch.Tensor, batch_siz
 
 
 def allocation_scores(state: SelectorState, prompt_ids: torch.Tensor, score: str) -> torch.Tensor:
-    """Per-prompt allocation scores (SPEC 6). ``"energy"``: the last energy, with the prior of an
+    """Per-prompt allocation scores (docs/spec.md §6). ``"energy"``: the last energy, with the prior of an
     unseen prompt (p = 0.5: D = 0.5, u = 1, E = 0.5); ``"pass_rate"``: ``-|ema - 0.5|``, unseen
     prompts at p = 0.5."""
     seen = state.istate[prompt_ids, L.SEEN] > 0
@@ -332,7 +332,7 @@ def allocate_rollouts(
     scores: torch.Tensor, total: int, tau: float = 0.2, n_min: int = 2, n_max: int = 32
 ) -> torch.Tensor:
     """Integer rollout counts ``n_i`` in ``[n_min, n_max]`` summing to ``total``, proportional to
-    ``softmax(score_i / tau)`` as far as the bounds allow (SPEC 6).
+    ``softmax(score_i / tau)`` as far as the bounds allow (docs/spec.md §6).
 
     Each prompt first gets ``n_min``; the remaining budget ``R`` is split by capped proportional
     (water-filling) allocation ``y_i = min(cap, s w_i)``, with ``s`` found in closed form over the

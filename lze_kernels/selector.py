@@ -1,10 +1,10 @@
 """``LZESelector``: Learning-Zone Energy data selection for GRPO/DAPO, state on the device.
 
 Per training step the selector turns the rewards of B prompt groups of G rollouts into GRPO
-advantages and a fixed-shape top-k selection of the groups on the learning frontier (SPEC 2-4);
+advantages and a fixed-shape top-k selection of the groups on the learning frontier (docs/spec.md §2-4);
 between steps it keeps per-prompt state (anchor difficulty, pass-rate EMA, solved streaks) for
-the whole dataset on the device, prunes mastered prompts from rollout with replay (SPEC 5) and
-splits a rollout budget across prompts (SPEC 6).
+the whole dataset on the device, prunes mastered prompts from rollout with replay (docs/spec.md §5) and
+splits a rollout budget across prompts (docs/spec.md §6).
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ class LZESelector:
     # ------------------------------------------------------------------------- forward pruner
 
     def rollout_mask(self, prompt_ids: torch.Tensor, *, check_inputs: bool = True) -> torch.Tensor:
-        """[C] bool: which prompts get rollouts (not pruned, or drawn for replay; SPEC 5)."""
+        """[C] bool: which prompts get rollouts (not pruned, or drawn for replay; docs/spec.md §5)."""
         validation.check_prompt_ids_structure(prompt_ids, self.device)
         if check_inputs:
             validation.check_prompt_id_values(prompt_ids, self.num_prompts, distinct=False)
@@ -137,7 +137,7 @@ class LZESelector:
                           n_min: int = 2, n_max: int = 32, *, score: str = "energy",
                           check_inputs: bool = True) -> torch.Tensor:
         """[B] int64 rollout counts in ``[n_min, n_max]`` summing to ``total``, proportional to
-        ``softmax(score / tau)`` (SPEC 6). ``score``: ``"energy"`` or ``"pass_rate"``."""
+        ``softmax(score / tau)`` (docs/spec.md §6). ``score``: ``"energy"`` or ``"pass_rate"``."""
         validation.check_prompt_ids_structure(prompt_ids, self.device)
         if check_inputs:
             validation.check_prompt_id_values(prompt_ids, self.num_prompts, distinct=False)

@@ -89,7 +89,7 @@ def raise_for_faults(fault_bits: int) -> None:
 
 
 def check_rollout_budget(batch: int, total, tau, n_min, n_max) -> None:
-    """Host ints of a rollout-budget request (SPEC 6): B n_min <= total <= B n_max."""
+    """Host ints of a rollout-budget request (docs/spec.md §6): B n_min <= total <= B n_max."""
     if not isinstance(n_min, int) or n_min < 0:
         raise ValueError(f"n_min: expected an int >= 0, got {n_min!r}")
     if not isinstance(n_max, int) or n_max < max(n_min, 1):
@@ -114,7 +114,7 @@ def _check_positive_float(name: str, value) -> None:
 
 
 def check_dots_prediction(query_emb, ref_emb, ref_pass, attention_tau) -> None:
-    """Structure of a DOTS prediction (SPEC 8): ``query_emb [N, d]``, ``ref_emb [K, d]`` of the
+    """Structure of a DOTS prediction (docs/spec.md §8): ``query_emb [N, d]``, ``ref_emb [K, d]`` of the
     same float dtype with K >= 1, ``ref_pass [K]`` float, one device, ``attention_tau > 0``."""
     if not isinstance(query_emb, torch.Tensor):
         _fail("query_emb", "a torch.Tensor", type(query_emb).__name__)

@@ -1,4 +1,4 @@
-"""DOTS (SPEC 8): the fused pass-rate prediction on every backend against the torch reference,
+"""DOTS (docs/spec.md §8): the fused pass-rate prediction on every backend against the torch reference,
 the linear calibration and the near-1/2 sampler (known values, properties, no host sync)."""
 
 import ast

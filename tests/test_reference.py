@@ -1,4 +1,4 @@
-"""The PyTorch reference against SPEC's known values, hand-computed cases and properties."""
+"""The PyTorch reference against docs/spec.md's known values, hand-computed cases and properties."""
 
 import math
 
@@ -146,7 +146,7 @@ def test_dapo_keeps_nonzero_variance_groups():
 
 
 def exact_largest_remainder(scores, total, tau, n_min, n_max):
-    """Host oracle for SPEC 6: iterative capped proportional split, then largest remainder."""
+    """Host oracle for docs/spec.md §6: iterative capped proportional split, then largest remainder."""
     w = torch.softmax(torch.tensor(scores, dtype=torch.float64) / tau, 0).tolist()
     b, cap, budget = len(w), n_max - n_min, total - len(w) * n_min
     fixed = {}

@@ -1,4 +1,4 @@
-"""Rollout replay (``replay.ratio``, SPEC 9; lze_trainer.methods.replay): the buffer's order,
+"""Rollout replay (``replay.ratio``, docs/spec.md §9; lze_trainer.methods.replay): the buffer's order,
 eviction and de-duplication, which groups enter it and which are replayed, with known values; the
 off-policy loss against plain GRPO; and a torchrun x2 run on the tiny preset that resumes exactly."""
 
@@ -242,7 +242,7 @@ def test_off_policy_loss_is_plain_grpo_when_behaviour_is_the_old_policy():
 
 
 def test_off_policy_loss_known_values():
-    """SPEC 9: loss = -w min(rho A, clip(rho) A), w = pi_old / mu on replayed rows only."""
+    """docs/spec.md §9: loss = -w min(rho A, clip(rho) A), w = pi_old / mu on replayed rows only."""
     old = torch.log(torch.tensor([[0.5, 0.5], [0.5, 0.5]]))
     mu = torch.log(torch.tensor([[0.25, 1.0], [0.25, 1.0]]))
     logp = torch.log(torch.tensor([[0.75, 0.5], [0.75, 0.5]]))  # rho = 1.5, 1

@@ -21,7 +21,7 @@ class RolloutGroup:
     rewards: list[float]
     advantages: list[float] = field(default_factory=list)  # set after selection
     weight: float = 1.0  # 0 for padding copies
-    off_policy: bool = False  # replayed: sampled by an older policy (SPEC 9)
+    off_policy: bool = False  # replayed: sampled by an older policy (docs/spec.md §9)
 
 
 def is_mixed(rewards: Sequence[float]) -> bool:

@@ -119,7 +119,7 @@ class SelectionConfig:
 
 @dataclass
 class ReplayConfig:
-    ratio: float = 0.0  # Rollout Replay (SPEC 9): sigma, the fresh share of each step's B groups, the rest replayed from the buffer; 0 = off
+    ratio: float = 0.0  # Rollout Replay (docs/spec.md §9): sigma, the fresh share of each step's B groups, the rest replayed from the buffer; 0 = off
     buffer_size: int = 512  # groups with non-zero reward variance kept (newest copy per prompt, FIFO)
 
 

@@ -1,6 +1,6 @@
 """Moving the kept groups of a step to the ranks that train on them, and the update's batches.
 
-Selection keeps or drops whole groups (SPEC 4: a group's advantages were computed on all of its
+Selection keeps or drops whole groups (docs/spec.md §4: a group's advantages were computed on all of its
 responses, so cutting sequences out of a kept group would bias them; the LZE release does exactly
 that to fill mini-batches, this trainer does not). The kept groups are balanced over ranks so
 every rank runs the same number of micro-batches (a DeepSpeed requirement: every backward takes

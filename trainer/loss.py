@@ -164,7 +164,7 @@ def behaviour_weights(old_logp: torch.Tensor, behaviour_logp: torch.Tensor,
     """Per-token importance weight ``w = pi_old / mu`` [n, L] of replayed sequences (rows where
     ``off_policy`` [n] is set), 1 for fresh ones; no gradient flows through it.
 
-    Rollout Replay's off-policy GRPO loss (SPEC 9; Sun et al. 2025, "Improving Data Efficiency
+    Rollout Replay's off-policy GRPO loss (docs/spec.md §9; Sun et al. 2025, "Improving Data Efficiency
     for LLM Reinforcement Fine-tuning Through Difficulty-targeted Online Data Selection and Rollout
     Replay") is ``-w min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A)`` with
     ``rho = pi_theta / pi_old``: the clipped surrogate times ``w``, where ``mu`` is the policy that

@@ -2,7 +2,7 @@
 
 Every rank runs the same :class:`lze_kernels.LZESelector` on the same all-gathered rewards, so all
 ranks hold identical selector state without any broadcast. The selector always runs, whatever
-``selection.policy`` is: it gives the GRPO advantages (SPEC 2) and keeps each prompt's history
+``selection.policy`` is: it gives the GRPO advantages (docs/spec.md §2) and keeps each prompt's history
 (anchor, EMA, solved streak) current, so switching policy, warm-up steps and the forward pruner
 all see the same state. Which groups reach the update is the method's choice.
 """
@@ -45,7 +45,7 @@ class GroupSelector:
         return candidates_per_step(self.prune, self.candidate_factor, batch_size)
 
     def choose_prompts(self, candidates: torch.Tensor, batch_size: int):
-        """(prompt ids [B], whether each gets rollouts [B]): eligible candidates first (SPEC 5)."""
+        """(prompt ids [B], whether each gets rollouts [B]): eligible candidates first (docs/spec.md §5)."""
         if not self.prune:
             return candidates[:batch_size], torch.ones(batch_size, dtype=torch.bool)
         return self.lze.take_eligible(candidates.to(self.lze.device), batch_size)

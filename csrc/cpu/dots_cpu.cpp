@@ -1,4 +1,4 @@
-// C++ CPU kernel of the DOTS pass-rate prediction (SPEC 8), matching
+// C++ CPU kernel of the DOTS pass-rate prediction (docs/spec.md §8), matching
 // lze_kernels/dots.py::predict_pass_rates_reference:
 //   p_hat_q = sum_j softmax_j(scale <z_q, z_j>) y_j.
 //

@@ -1,4 +1,4 @@
-// C++ CPU kernel of the fused LZE step (SPEC 2, 3, 5): per-row statistics, GRPO advantages,
+// C++ CPU kernel of the fused LZE step (docs/spec.md §2, §3, §5): per-row statistics, GRPO advantages,
 // Learning-Zone Energy and the per-prompt state update, matching lze_kernels/reference.py.
 //
 // The step runs as two jobs of tasks (cpu/parallel.h), the second after the first has finished:
@@ -146,7 +146,7 @@ inline void store_state(const StepArgs& a, int64_t id, const lze::PromptState& s
   std::memcpy(a.istate + id * lze::kNumIntFields, reinterpret_cast<const char*>(&s) + 16, 16);
 }
 
-// SPEC 3 and 5 for the prompt of `row`, from its state before the step.
+// docs/spec.md §3 and §5 for the prompt of `row`, from its state before the step.
 inline lze::PromptStep next_state_of(const StepArgs& a, int64_t row) {
   return lze::advance_prompt(load_state(a, a.prompt_ids[row]), a.pass_rate[row], a.stamp,
                              a.params);

@@ -1,4 +1,4 @@
-// C++ CPU kernel of the fixed-shape top-k selection (SPEC 4), matching
+// C++ CPU kernel of the fixed-shape top-k selection (docs/spec.md §4), matching
 // lze_kernels/reference.py::topk_select: candidates are rows with energy > 0, scored with
 // optional Gumbel noise, ordered by lze::selection_key (unique, so the result is the reference's
 // stable descending sort: ties go to the smaller batch position).

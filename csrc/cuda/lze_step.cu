@@ -1,4 +1,4 @@
-// Fused LZE step (SPEC 2, 3, 5) in one launch: per-row statistics, GRPO advantages, energy and
+// Fused LZE step (docs/spec.md §2, §3, §5) in one launch: per-row statistics, GRPO advantages, energy and
 // the update of the per-prompt state, bit-identical to lze_kernels/reference.lze_step for binary
 // rewards (the scalar math is lze_math.h; build with --fmad=false / -ffp-contract=off).
 //
@@ -135,7 +135,7 @@ __device__ void write_advantages(const StepArgs& a, int64_t first, Segment s, bo
   }
 }
 
-// SPEC 3 and 5 for one claimed prompt: gather, update, scatter its state.
+// docs/spec.md §3 and §5 for one claimed prompt: gather, update, scatter its state.
 __device__ RowOutputs update_prompt_state(const StepArgs& a, int64_t id, float p, int32_t stamp) {
   float4* f_row = reinterpret_cast<float4*>(a.fstate) + id;
   int4* i_row = reinterpret_cast<int4*>(a.istate) + id;

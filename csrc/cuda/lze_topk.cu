@@ -1,4 +1,4 @@
-// Top-k selection of rows by energy (SPEC 4) in one launch, identical to
+// Top-k selection of rows by energy (docs/spec.md §4) in one launch, identical to
 // lze_kernels/reference.topk_select(energy, k, noise_scale, seed, step=step_counter[0]).
 //
 // Candidates are rows with energy > 0. Each candidate gets a 64-bit key (lze::selection_key of

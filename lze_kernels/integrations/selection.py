@@ -1,9 +1,9 @@
 """What both integrations share: which whole prompt groups a step keeps, and the metrics of it.
 
 A *policy* decides from one step's rewards ``[B, G]`` which groups go to the actor update:
-``"lze"`` keeps the top-k groups by Learning-Zone Energy (SPEC 3-4, stateful, one fused step) and
+``"lze"`` keeps the top-k groups by Learning-Zone Energy (docs/spec.md §3-4, stateful, one fused step) and
 ``"dapo"`` keeps the groups whose rewards are not all equal (DAPO dynamic sampling, Yu et al.,
-2025, SPEC 7, stateless). Trainers drop or keep whole groups, never single rollouts (SPEC 4).
+2025, docs/spec.md §7, stateless). Trainers drop or keep whole groups, never single rollouts (docs/spec.md §4).
 """
 
 from __future__ import annotations

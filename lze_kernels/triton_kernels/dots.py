@@ -1,4 +1,4 @@
-"""DOTS pass-rate prediction as one Triton launch (SPEC 8; ``dots.predict_pass_rates_reference``).
+"""DOTS pass-rate prediction as one Triton launch (docs/spec.md §8; ``dots.predict_pass_rates_reference``).
 
 ``p_hat_q = sum_j softmax_j(s_qj) y_j`` with ``s_qj = <z_q, z_j> * scale``, FlashAttention's
 forward pass (Dao et al. 2022) with a value of width one: program ``t`` owns queries

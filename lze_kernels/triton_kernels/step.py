@@ -1,4 +1,4 @@
-"""The fused LZE step as one Triton launch (SPEC 2, 3, 5; semantics of ``reference.lze_step``).
+"""The fused LZE step as one Triton launch (docs/spec.md §2, §3, §5; semantics of ``reference.lze_step``).
 
 Launch math: the batch is cut into tiles of ``BLOCK_ROWS`` rows x ``BLOCK_G`` rollouts, with
 ``BLOCK_G = next_pow2(G)``; the grid is ``max(1, cdiv(B, BLOCK_ROWS))`` programs (at least one,
@@ -87,7 +87,7 @@ def _row_faults(r, valid, prompt_ids, num_prompts):
 @triton.jit
 def _energy_update(p, first, d_init_before, ema_before, streak_before,
                    beta, one_minus_beta, d_min, alpha, prune_after):
-    """SPEC 3 and 5 for one row, in the operation order of ``csrc/lze_math.h``."""
+    """docs/spec.md §3 and §5 for one row, in the operation order of ``csrc/lze_math.h``."""
     # The interpreter passes float arguments as Python floats, and one below fp32's normal range
     # (d_min = 1e-300) becomes an fp64 constant, which Triton 3.7's interpreted tl.maximum
     # carries into the fp32 tile. The cast gives the value a compiled kernel receives (the JIT

@@ -1,4 +1,4 @@
-"""Fixed-shape top-k selection as one Triton launch (SPEC 4; ``reference.topk_select``).
+"""Fixed-shape top-k selection as one Triton launch (docs/spec.md §4; ``reference.topk_select``).
 
 Launch math: rank by counting. Row ``i`` is a candidate when ``E_i > 0``; its rank is
 ``#{candidate j : s_j > s_i or (s_j == s_i and j < i)}`` (descending score, ties to the smaller

@@ -8,7 +8,7 @@ rollout, rollout replay).
 * ``uniform``: every group (plain GRPO), the sampler's next B prompts; ``dapo``: DAPO's dynamic
   sampling (Yu et al. 2025): generation rounds until B groups with non-zero reward variance are
   collected (:mod:`.fill`); ``lze``: the top ``floor(keep_ratio x B)`` groups by Learning-Zone
-  Energy (SPEC 3-4) of the sampler's next B prompts, with a fixed keep ratio or the LZE
+  Energy (docs/spec.md §3-4) of the sampler's next B prompts, with a fixed keep ratio or the LZE
   release's schedule (:mod:`.lze_schedule`);
 * ``dots`` (:mod:`.dots`), ``greso`` (:mod:`.greso`), ``speed`` (:mod:`.speed`): choose before
   rollout by predicted difficulty, by zero-variance streaks (on dynamic sampling), or by a

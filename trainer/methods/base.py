@@ -49,7 +49,7 @@ class StepBatch:
     plan: PromptPlan
     groups: list[RolloutGroup]  # this rank's engine's groups (``row`` = position in the plan)
     gathered: GatheredGroups  # [B, width] on every rank
-    replayed: int = 0  # the last rows were replayed from a buffer, not generated (SPEC 9)
+    replayed: int = 0  # the last rows were replayed from a buffer, not generated (docs/spec.md §9)
 
     def generated_rows(self) -> torch.Tensor:
         """[B] bool: the rows rolled out this step."""
@@ -79,8 +79,8 @@ class MethodContext:
 
 class SampledPrompts:
     """The next B prompts of the epoch sampler; with the forward pruner (``selection.prune``)
-    the first B eligible of ``ceil(B x candidate_factor)`` candidates (SPEC 5); with rollout
-    allocation (``rollout.allocation``) per-prompt counts from ``softmax(E / tau)`` (SPEC 6)."""
+    the first B eligible of ``ceil(B x candidate_factor)`` candidates (docs/spec.md §5); with rollout
+    allocation (``rollout.allocation``) per-prompt counts from ``softmax(E / tau)`` (docs/spec.md §6)."""
 
     def __init__(self, ctx: MethodContext):
         self.ctx = ctx
@@ -151,7 +151,7 @@ def keep_mixed(selection: Selection, batch: StepBatch, step: int) -> torch.Tenso
 
 
 def keep_top_energy(selection: Selection, batch: StepBatch, step: int) -> torch.Tensor:
-    """LZE: the top ``floor(keep_ratio x B)`` groups by Learning-Zone Energy (SPEC 3-4)."""
+    """LZE: the top ``floor(keep_ratio x B)`` groups by Learning-Zone Energy (docs/spec.md §3-4)."""
     return selection.keep_mask
 
 

@@ -1,6 +1,6 @@
 """``selection.policy=dots``: Difficulty-targeted Online daTa Selection (Sun et al. 2025,
 "Improving Data Efficiency for LLM Reinforcement Fine-tuning Through Difficulty-targeted Online
-Data Selection and Rollout Replay"; SPEC 8).
+Data Selection and Rollout Replay"; docs/spec.md §8).
 
 Before RL (official: offline, once), the adaptive difficulty predictor is trained and frozen
 (:mod:`.dots_predictor`, ``selection.dots_predictor``): a lightweight adapter (query and

@@ -12,7 +12,7 @@ from 1.0 to its target over ``schedule_ramp_epochs`` epochs and stays there, nev
     keep = groups with mixed rewards                               e = 0
     ratio(e) = max(floor, 1 - (1 - target) * min(e / ramp, 1))     e >= 1
 
-``k = clamp(floor(B * ratio), 1, B)`` as in SPEC 4, top-k by energy with the selector's seeded
+``k = clamp(floor(B * ratio), 1, B)`` as in docs/spec.md §4, top-k by energy with the selector's seeded
 Gumbel noise (zero-variance groups have zero energy and never fill the quota, as in the release);
 the epoch is the sampler's, a host integer, so the schedule costs no synchronisation.
 
@@ -71,7 +71,7 @@ class ScheduledTopEnergy:
 
 
 def lze_method(ctx: MethodContext) -> Method:
-    """``lze`` with the fixed keep ratio (SPEC 4) or the release's schedule."""
+    """``lze`` with the fixed keep ratio (docs/spec.md §4) or the release's schedule."""
     if ctx.cfg.selection.keep_ratio_schedule == "release":
         return Method("lze", ctx, keep=ScheduledTopEnergy(ctx))
     return Method("lze", ctx, keep=keep_top_energy)

@@ -1,6 +1,6 @@
 """``replay.ratio=sigma``: Rollout Replay (Sun et al. 2025, "Improving Data Efficiency for LLM
 Reinforcement Fine-tuning Through Difficulty-targeted Online Data Selection and Rollout Replay",
-SPEC 9), a switch over any selection policy.
+docs/spec.md §9), a switch over any selection policy.
 
 Once the buffer holds enough groups, a step rolls out only ``fresh = sigma x B`` prompts (rounded
 to a multiple of the rollout engines, at least one each) and trains on the policy's kept fresh

@@ -1,4 +1,4 @@
-"""The forward pruner (SPEC 5) as a drop-in for TRL's ``RepeatSampler``.
+"""The forward pruner (docs/spec.md §5) as a drop-in for TRL's ``RepeatSampler``.
 
 TRL's sampler walks a permutation of the dataset in chunks of ``batch_size`` prompts (one
 generation batch), yields each prompt ``mini_repeat_count`` (= num_generations) times in a row

@@ -50,7 +50,7 @@ and the loss formulas to TRL:
 Prompts are identified by their dataset row: the trainer adds an ``index_column`` (default
 ``"lze_index"``) holding the row number to a ``datasets.Dataset`` that lacks it (reward functions
 receive it as a keyword argument like any column). The advantages stay TRL's, computed on the full
-groups (SPEC 4); LZE's pass rate is each completion's weighted reward sum, which must lie in [0, 1]
+groups (docs/spec.md §4); LZE's pass rate is each completion's weighted reward sum, which must lie in [0, 1]
 (``score_fn`` maps other ranges there). Text-only: multimodal batches are rejected.
 """
 

@@ -32,7 +32,7 @@ Advantages follow verl's ``compute_grpo_outcome_advantage`` (volcengine/verl,
 n >= 2 responses ``(s - mean) / (std + epsilon)`` with the unbiased std, or ``s - mean`` when
 ``norm_adv_by_std_in_grpo`` is false (Dr. GRPO); a group of one response has mean 0 and std 1,
 so ``s / (1 + epsilon)`` (resp. ``s``); the scalar is broadcast as ``A * response_mask``, and
-returns equal advantages. (The kernels give a one-response group A = 0, SPEC 2; the adapter
+returns equal advantages. (The kernels give a one-response group A = 0, docs/spec.md §2; the adapter
 follows verl here.)
 """
 

@@ -10,7 +10,7 @@ the next batch is drawn from fresh state. Each dataloader epoch yields the whole
 
 * ``"pruner"``: rows in a seeded permutation per pass, skipping the prompts LZE's forward pruner
   has pruned unless drawn for replay (:meth:`LZESelector.rollout_mask`; a new pass draws the
-  replays, :meth:`LZESelector.begin_epoch`). Its state is the estimator's selector (SPEC 5).
+  replays, :meth:`LZESelector.begin_epoch`). Its state is the estimator's selector (docs/spec.md §5).
 * ``"greso"``: the same permutation, each candidate kept by GRESO's seeded skip draw
   (:class:`~lze_kernels.greso.GresoFilter`, Zheng et al. 2025, arXiv 2506.02177), which
   :meth:`observe` updates with each group's rewards.

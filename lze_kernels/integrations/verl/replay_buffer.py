@@ -11,7 +11,7 @@ and the groups it leaves out cost no actor update at all.
 
 1. The trainer has dispatched ``batch_size`` prompts (``prepare_step``); the buffer dispatches
    ``ceil(batch_size / keep_ratio) - batch_size`` more through verl's ``refill_fn`` (LZE: rollout
-   ``B``, keep ``k = floor(B * keep_ratio)``, SPEC 4; DAPO: no extra).
+   ``B``, keep ``k = floor(B * keep_ratio)``, docs/spec.md §4; DAPO: no extra).
 2. verl's own ``ReplayBuffer.sample`` waits for all of them and materialises the groups.
 3. The policy keeps whole groups: LZE the top-k by energy among groups with energy > 0
    (:class:`~lze_kernels.LZESelector`, its state keyed by dataset row), DAPO the groups whose

@@ -1,0 +1,63 @@
+"""The documentation holds together: every reference to the selection specification
+(docs/spec.md §n) names a section that exists."""
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCE_DIRS = ("lze_kernels", "trainer", "tests", "benchmarks", "csrc", "tools", "docs", "examples",
+               "requirements", ".ci")
+TOP_FILES = ("README.md", "Makefile", "setup.py", "pyproject.toml", "CMakeLists.txt", "MANIFEST.in")
+TEXT_SUFFIXES = {".py", ".md", ".h", ".cpp", ".cu", ".sh", ".yaml", ".yml", ".toml", ".txt", ".in",
+                 ".cfg", ""}
+SPEC = ROOT / "docs" / "spec.md"
+
+
+def text_files() -> list[Path]:
+    """The project's own text files: sources, tests, docs, configs (no build or venv folders)."""
+    files = [ROOT / name for name in TOP_FILES if (ROOT / name).is_file()]
+    for folder in SOURCE_DIRS:
+        files += [p for p in sorted((ROOT / folder).rglob("*"))
+                  if p.is_file() and p.suffix in TEXT_SUFFIXES and "__pycache__" not in p.parts]
+    return files
+
+
+def spec_sections() -> set[int]:
+    return {int(n) for n in re.findall(r"^## (\d+)\. ", SPEC.read_text(), flags=re.M)}
+
+
+# "docs/spec.md §4", "docs/spec.md §2-5", "docs/spec.md §3 and §5", "[spec.md](spec.md) §11"
+SPEC_REFERENCE = re.compile(r"spec\.md\)? (§\d+(?:-\d+)?(?:(?:,| and) §\d+)*)")
+
+
+def referenced_sections(text: str) -> set[int]:
+    out = set()
+    for group in SPEC_REFERENCE.findall(text):
+        for first, last in re.findall(r"§(\d+)(?:-(\d+))?", group):
+            out.update(range(int(first), int(last or first) + 1))
+    return out
+
+
+def test_spec_has_sections_one_to_eleven_at_least():
+    assert set(range(1, 12)) <= spec_sections()
+
+
+def test_every_spec_reference_resolves():
+    sections = spec_sections()
+    dangling = {str(p.relative_to(ROOT)): sorted(referenced_sections(p.read_text()) - sections)
+                for p in text_files()}
+    assert {p: s for p, s in dangling.items() if s} == {}
+
+
+def test_no_bare_spec_references_remain():
+    """The old form, the word in capitals and a number (it pointed outside the project), is gone."""
+    word = "S" + "PEC"  # spelt in two parts so that this test does not find itself
+    bare = re.compile(rf"\b{word}(?: §| )?\d|{word}\.md|{word}'s")
+    hits = [f"{p.relative_to(ROOT)}:{i}" for p in text_files()
+            for i, line in enumerate(p.read_text().splitlines(), 1) if bare.search(line)]
+    assert hits == []
+
+
+def test_references_are_found():
+    assert referenced_sections("docs/spec.md §2-5 and docs/spec.md §3 and §9") == {2, 3, 4, 5, 9}
+    assert len([p for p in text_files() if referenced_sections(p.read_text())]) > 20
