@@ -102,13 +102,13 @@ test-gpu-emulated: setup
 	bash tools/emu_gcov.sh
 	bash tools/triton_coverage.sh
 
-# The GPU check (README "On a lent GPU"); on the lent machine call `bash tools/gpu_check.sh`
+# The GPU check (docs/gpu-check.md); on a single-GPU machine call `bash tools/gpu_check.sh`
 # directly (make may be missing there). This target only wraps it, with the machine's python3.
 test-gpu:
 	PYTHON=$(PYTHON) bash tools/gpu_check.sh
 
-# Here, with PyPI: the wheels the lent machine lacks (CPython 3.12 manylinux x86_64) into the
-# ignored wheels/, which the device call carries; fails over the travel budget.
+# Here, with PyPI: the wheels the GPU machine lacks (CPython 3.12 manylinux x86_64) into the
+# ignored wheels/, copied there with the tree; fails over the travel budget.
 gpu-wheels: setup
 	bash tools/gpu_wheels.sh wheels
 

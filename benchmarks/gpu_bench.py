@@ -40,7 +40,7 @@ from lze_kernels import LZESelector, available_backends
 BATCHES = (256, 1024, 4096, 16384, 65536)
 COMPILE_BATCHES = (256, 65536)
 GROUP = 16
-# DOTS at the study's embedding size and a large prompt pool (issue 27).
+# DOTS at the study's embedding size and a large prompt pool.
 DOTS_N, DOTS_K, DOTS_D = 1 << 20, 1024, 384
 STEP_RANGE = "gpu_check.step"
 # CUDA runtime/driver calls that block the host until the device has caught up.
@@ -216,7 +216,7 @@ def _event_median(fn: Callable, rounds: int) -> float:
 
 
 def bf16_peak_flops(device: torch.device, size: int = 8192, rounds: int = 10) -> float:
-    """FLOP/s of a bf16 ``size``-cubed matrix product on random data (METHOD.md's ceiling)."""
+    """FLOP/s of a bf16 ``size``-cubed matrix product on random data (the device's practical compute ceiling)."""
     a, b = (torch.randn(size, size, device=device, dtype=torch.bfloat16) for _ in range(2))
     return 2 * size**3 / _event_median(lambda: a @ b, rounds)
 

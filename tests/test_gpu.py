@@ -1,4 +1,4 @@
-"""The backend suite on a real GPU (skipped without CUDA). Run on the lent machine by
+"""The backend suite on a real GPU (skipped without CUDA). Run on a GPU machine by
 `bash tools/gpu_check.sh` (stage "kernels", from the installed package, compiled Triton).
 
 On a CUDA machine this checks what the CPU cannot: the cuda and triton backends against the

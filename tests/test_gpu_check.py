@@ -1,5 +1,5 @@
 """The CPU-runnable parts of the GPU check (tools/gpu_check.py, `bash tools/gpu_check.sh` on a
-lent GPU; issue 27): arguments, what a device call sends against its budget, the wheels against
+GPU machine with no network): arguments, what is copied to it against its budget, the wheels against
 the image's packages, the install's paths and environment (the installed package wins, compiled
 Triton), the report after each stage, the benchmark harness and its floors, the verl-style
 vectorised baseline, the memory arithmetic, the trainer stage's model, and a dry run of the whole
@@ -57,7 +57,7 @@ def test_check_arguments():
 
 def test_stage_plan_fits_the_budget():
     """Every stage has a cap and an estimate; the estimates fit the 6-minute budget with room,
-    the order is the issue's (kernels, trainer, bench, ...) and at most 8 files come back."""
+    the order is kernels, trainer, bench, ... and at most 8 files come back."""
     assert set(gpu_check.STAGE_CAP_S) == set(gpu_check.STAGE_ESTIMATE_S) == set(gpu_check.STAGES)
     assert gpu_check.BUDGET_S <= 360
     assert sum(gpu_check.STAGE_ESTIMATE_S.values()) <= 0.9 * gpu_check.BUDGET_S
@@ -84,14 +84,14 @@ def _normalised(name):
 
 
 def test_travel_is_within_budget():
-    """What a device call would send today (tracked + untracked-not-ignored + the carried wheels,
-    at their recorded sizes where not downloaded) stays under 48 MiB of the tool's 64."""
+    """What would be copied to the GPU machine today (tracked + untracked-not-ignored + the
+    wheels, at their recorded sizes where not downloaded) stays under 48 MiB of the 64 allowed."""
     report = gpu_check.travel_report(ROOT)
     assert report["within_budget"], gpu_check.format_travel(report)
     assert report["budget_bytes"] == 48 * 2**20 < report["limit_bytes"]
 
 
-def test_travel_counts_what_the_tool_sends(tmp_path):
+def test_travel_counts_what_is_copied(tmp_path):
     repo = tmp_path / "repo"
     (repo / "wheels").mkdir(parents=True)
     subprocess.run(["git", "init", "-q", str(repo)], check=True)
@@ -426,7 +426,7 @@ def test_runtime_from_kernel_release():
 
 
 def test_check_writes_the_report_to_out_after_the_preflight(tmp_path, monkeypatch):
-    """One real stage (the preflight) through the parent: versions against KINDS.md, the report
+    """One real stage (the preflight) through the parent: versions against the expected ones, the report
     in $OUT; on this CPU machine the CUDA stages are skipped with the reason."""
     monkeypatch.setenv("OUT", str(tmp_path / "out"))
     code = gpu_check.main(["check", "--work", str(tmp_path / "work"), "--stages",
@@ -474,7 +474,7 @@ def test_step_bytes_and_floors_on_cpu():
 
 
 def _read_only_copy(dest: Path) -> Path:
-    """What a device call sends (travel_files), copied and made read-only like a tree that
+    """What is copied to the GPU machine (travel_files), copied and made read-only like a tree that
     must not be written to."""
     for path in gpu_check.travel_files(ROOT, carry=()):
         target = dest / path.relative_to(ROOT)
@@ -526,7 +526,7 @@ def test_dry_run_of_the_whole_script_with_the_device_layout(tmp_path):
     names = {p.name for p in out.iterdir()}
     assert {"gpu_check.json", "gpu_check.md", "console.log", "install.log"} <= names
     assert names <= set(gpu_check.REPORT_FILES) and len(names) <= 8
-    assert "## Goals (issue 27)" in (out / "gpu_check.md").read_text()
+    assert "## Goals" in (out / "gpu_check.md").read_text()
     assert "== install: " in (out / "console.log").read_text()
     assert not [p for p in tree.rglob("*") if p.name in ("build", "__pycache__", "site")]
     print(f"dry run: {seconds:.0f} s, install {install['seconds']} s (build "

@@ -1,4 +1,4 @@
-"""Memory bounds of the GPU path, checked on the CPU (issue 14, sections 2-4a).
+"""Memory bounds of the GPU path, checked on the CPU.
 
 * The bounded log-prob / entropy (lze_trainer.loss) equals the naive full-vocabulary one, values
   and gradients, on random logits.

@@ -22,7 +22,7 @@ STEPS = 4
 REWARD = "reward.function=trainer_rewards:even_length"
 RUN = ["rollout.engine=vllm", "actor.zero_stage=2", f"trainer.total_steps={STEPS}",
        "trainer.dump_rollouts=true", "trainer.save_every=2", REWARD]
-# Metric names users know from verl/TRL-style dashboards (issue 6).
+# Metric names users know from verl/TRL-style dashboards.
 EXPECTED_METRICS = [
     "reward/mean", "reward/zero_std_frac", "reward/scorer_errors", "sa/energy_mean",
     "sa/kept_ratio", "sa/pruned", "actor/pg_loss", "actor/kl", "actor/entropy", "actor/clipfrac",

