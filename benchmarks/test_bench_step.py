@@ -1,4 +1,4 @@
-"""One full LZE selection step, per (B, G) and per variant (what is compared: README.md).
+"""One full LZE selection step, per (B, G) and per variant (what is compared: docs/benchmarks.md).
 
 The unit timed is ``LZESelector.step(rewards, prompt_ids, check_inputs=False)``: the fused
 statistics/energy/state update and the noisy top-k, on a persistent selector of N = 4 B prompts.
