@@ -7,9 +7,8 @@ import subprocess
 import time
 
 import pytest
-import torch
 
-from lze_trainer.checkpoint import COMPLETE, TRAINER_STATE, checkpoints_dir
+from lze_trainer.checkpoint import COMPLETE, TRAINER_STATE, checkpoints_dir, read_state
 from lze_trainer.metrics import read_jsonl, read_metrics
 from trainer_launch import (ROOT, assert_same_steps, environment, rerun_from_checkpoint, tail,
                             torchrun_command, train)
@@ -47,7 +46,7 @@ def _steps(run_dir):
 
 def _final_state(run_dir):
     folder = sorted(checkpoints_dir(run_dir).glob("step_*"))[-1]
-    return torch.load(folder / TRAINER_STATE, weights_only=False)
+    return read_state(folder / TRAINER_STATE)
 
 
 def test_training_run_logs_trains_and_saves(vllm_run):

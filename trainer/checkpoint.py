@@ -8,10 +8,17 @@ only that rank holds, e.g. the tokens of the replay buffer's groups its engine g
 ``COMPLETE`` file is written last, so a checkpoint cut short by a crash is never resumed from.
 Rollout engines are reseeded from (seed, step, shard) at every step
 (:func:`lze_trainer.rollout.reseed`), so they need no state.
+
+These three kinds of file are loaded with ``torch.load(weights_only=True)``
+(:func:`lze_kernels.serialization.load_state_file`): they hold tensors, plain Python values and
+the carried rollout groups (:class:`RolloutGroup`, :class:`Completion`), so a file asking for
+anything else is refused before it can run code. DeepSpeed's files are loaded by DeepSpeed
+(docs/checkpoints.md says which files a resume trusts).
 """
 
 from __future__ import annotations
 
+import argparse
 import random
 import secrets
 import shutil
@@ -22,10 +29,23 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
+from lze_kernels.serialization import UnsafeStateFileError, load_state_file
+
 from . import distributed as D
+from .batch import RolloutGroup
+from .rollout import Completion
 
 COMPLETE = "COMPLETE"
 TRAINER_STATE = "trainer_state.pt"
+# The classes a safe load allows besides tensors and plain values: the rollout groups that SPEED
+# and replay carry in each rank's state file.
+STATE_CLASSES = (RolloutGroup, Completion)
+UNEXPECTED_HINT = ("lze_trainer writes nothing else into this file: it was written by another "
+                   "program or changed since. Resume only from checkpoints you trust "
+                   "(docs/checkpoints.md).")
+OLDER_RNG_HINT = ("RNG files of versions before the safe load hold numpy arrays: if this "
+                  "checkpoint is your own, `python -m lze_trainer.checkpoint --convert-trusted "
+                  "{folder}` rewrites them (it loads them unsafely: only for files you trust).")
 
 # Settings a checkpoint must agree on to be resumed: they fix the prompt ids, the selector's
 # state table, the shapes of a step and the partitioning of DeepSpeed's optimizer state.
@@ -128,7 +148,7 @@ def find_resume_folder(run_dir: Path, resume: str) -> Optional[Path]:
 def load(engine, folder: Path, rank: int, config_dict: dict) -> dict:
     """Restore DeepSpeed's state and this rank's RNGs; returns the trainer state, with this rank's
     own under ``rank_state``."""
-    trainer_state = torch.load(folder / TRAINER_STATE, map_location="cpu", weights_only=False)
+    trainer_state = read_state(folder / TRAINER_STATE)
     check_compatible(trainer_state["config"], config_dict, folder)
     path, _ = engine.load_checkpoint(str(folder.parent), tag=folder.name,
                                      load_optimizer_states=True, load_lr_scheduler_states=True)
@@ -136,11 +156,19 @@ def load(engine, folder: Path, rank: int, config_dict: dict) -> dict:
         raise CheckpointError(f"trainer.resume: DeepSpeed could not load {folder}")
     rng_file = folder / f"rng_rank{rank}.pt"
     if rng_file.exists():
-        _set_rng_state(torch.load(rng_file, weights_only=False))
+        _set_rng_state(read_state(rng_file))
     rank_file = folder / f"state_rank{rank}.pt"  # absent in checkpoints of older versions
-    trainer_state["rank_state"] = (torch.load(rank_file, weights_only=False)
-                                   if rank_file.exists() else {})
+    trainer_state["rank_state"] = read_state(rank_file) if rank_file.exists() else {}
     return trainer_state
+
+
+def read_state(path: Path) -> Any:
+    """A trainer state, RNG or rank state file, loaded without running code from it (refused
+    with :class:`UnsafeStateFileError` if it holds anything but what :func:`save` writes)."""
+    hint = (OLDER_RNG_HINT.format(folder=path.parent) if path.name.startswith("rng_rank")
+            else UNEXPECTED_HINT)
+    return load_state_file(path, "trainer.resume: checkpoint file", map_location="cpu",
+                           allowed=STATE_CLASSES, hint=hint)
 
 
 def check_compatible(saved: dict, current: dict, folder: Path) -> None:
@@ -170,7 +198,7 @@ def _prune_old(root: Path, keep: int) -> None:
 
 
 def _rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(),
+    state = {"python": random.getstate(), "numpy": _plain_numpy_state(np.random.get_state()),
              "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
@@ -179,7 +207,51 @@ def _rng_state() -> dict:
 
 def _set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    numpy = state["numpy"]
+    np.random.set_state(("MT19937", numpy["key"].numpy().astype(np.uint32), numpy["pos"],
+                         numpy["has_gauss"], numpy["gauss"]))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _plain_numpy_state(legacy: tuple) -> dict:
+    """numpy's global RNG state (``np.random.get_state()``: MT19937's 624-word key as a numpy
+    array, position, cached Gaussian) as a tensor and plain values, which a safe load reads."""
+    _, key, pos, has_gauss, gauss = legacy
+    return {"key": torch.from_numpy(np.asarray(key, dtype=np.int64)), "pos": int(pos),
+            "has_gauss": int(has_gauss), "gauss": float(gauss)}
+
+
+def convert_trusted(folder: Path) -> list[Path]:
+    """Rewrite the RNG files of a checkpoint written before the safe load (numpy arrays inside)
+    in today's format; returns the files rewritten. They are loaded with ``weights_only=False``,
+    which runs whatever the file asks for: only for checkpoints you trust. Every state file is
+    then read safely, so a file that still asks for more is named."""
+    rewritten = []
+    for path in sorted(Path(folder).glob("rng_rank*.pt")):
+        try:
+            read_state(path)
+        except UnsafeStateFileError:
+            # The unsafe load this function exists for: the caller vouches for the file.
+            state = torch.load(path, map_location="cpu", weights_only=False)
+            torch.save({**state, "numpy": _plain_numpy_state(state["numpy"])}, path)
+            rewritten.append(path)
+    for path in [*sorted(Path(folder).glob("*rank*.pt")), Path(folder) / TRAINER_STATE]:
+        read_state(path)
+    return rewritten
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m lze_trainer.checkpoint",
+        description="Rewrite a trusted checkpoint of an older version for the safe load.")
+    parser.add_argument("--convert-trusted", type=Path, required=True, metavar="FOLDER",
+                        help="a step_NNNNNN checkpoint folder you trust")
+    folder = parser.parse_args(argv).convert_trusted
+    rewritten = convert_trusted(folder)
+    print(f"{folder}: rewrote {len(rewritten)} RNG file(s); every state file now loads safely")
+
+
+if __name__ == "__main__":
+    main()

@@ -68,6 +68,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ...config import LZEConfig
 from ...selector import LZESelector
+from ...serialization import load_state_file
 from ..selection import (GroupSelection, ScoreFn, check_policy, select_groups,
                          selection_metrics)
 from .sampler import EpochPlanner, PrunedRepeatSampler
@@ -258,8 +259,8 @@ class LZEGRPOTrainer(GRPOTrainer):
             logger.warning("%s has no %s: the LZE selector starts from scratch", checkpoint,
                            STATE_FILE)
             return
-        self.load_lze_state_dict(torch.load(path, map_location=self.lze_selector.device,
-                                            weights_only=True))
+        self.load_lze_state_dict(load_state_file(path, "resume_from_checkpoint: LZE state",
+                                                 map_location=self.lze_selector.device))
 
     def lze_state_dict(self) -> dict:
         """The selector's state and the current epoch plan of the pruner."""

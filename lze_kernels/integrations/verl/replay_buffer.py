@@ -54,6 +54,7 @@ from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 from ...config import LZEConfig
 from ...selector import LZESelector
 from ...greso import GresoConfig, GresoFilter
+from ...serialization import load_state_file
 from ..selection import check_policy, select_groups, selection_metrics, unit_scores
 from . import checkpoint
 from .estimator import _check_rows, _layout, group_by_uid
@@ -192,7 +193,7 @@ class LZEReplayBuffer(ReplayBuffer):
                  if method == "greso" else None)
         embeddings = options.pop("embeddings", None)
         if method == "dots" and embeddings is not None:
-            embeddings = torch.load(str(embeddings), weights_only=True)
+            embeddings = load_state_file(embeddings, "sampler_kwargs.forward.embeddings:")
         unknown = sorted(set(options) - {"batch_size", "seed", "tau", "attention_tau"})
         if unknown:
             raise ValueError(f"sampler_kwargs.forward: unknown options {unknown}; expected method, "
