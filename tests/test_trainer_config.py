@@ -1,6 +1,14 @@
-"""The trainer config: presets load and validate, bad keys and values fail naming the key."""
+"""The trainer config: presets load and validate, bad keys and values fail naming the key; every
+field has its help, --help lists the presets and --print-config prints every preset; renamed keys
+of the previous release still load, with a warning; defaults that follow other settings."""
+
+import dataclasses
+import subprocess
+import sys
+import warnings
 
 import pytest
+import yaml
 
 from lze_trainer import config as C
 from lze_trainer.data import parse_reasoning_gym_source
@@ -25,7 +33,7 @@ def test_presets_load_and_validate(preset):
 def test_paper_preset_is_the_lze_setting():
     cfg = C.load("qwen2.5-math-1.5b")
     assert cfg.model.path == "Qwen/Qwen2.5-Math-1.5B" and cfg.model.dtype == "bfloat16"
-    assert cfg.rollout.n == 8 and cfg.selection.policy == "lze"
+    assert cfg.rollout.n == 8 and cfg.selection.method == "lze"
     assert cfg.selection.keep_ratio == 0.4 and cfg.trainer.device == "cuda"
     assert "MATH" in cfg.data.train
     assert cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens <= 4096  # the model's context
@@ -45,14 +53,25 @@ def test_overrides_and_yaml_roundtrip(tmp_path):
 @pytest.mark.parametrize("override, key, expected", [
     (["selection.keep_ration=0.4"], "keep_ration", "not in"),
     (["actor.lr=fast"], "actor.lr", "could not be converted"),
-    (["selection.policy=topk"], "selection.policy", "expected one of"),
+    (["selection.method=topk"], "selection.method", "expected one of"),
     (["selection.keep_ratio=0"], "selection.keep_ratio", "(0, 1]"),
     (["actor.zero_stage=4"], "actor.zero_stage", "0, 1, 2 or 3"),
     (["trainer.batch_size=0"], "trainer.batch_size", "> 0"),
     (["rollout.temperature=0"], "rollout.temperature", "> 0"),
-    (["rollout.allocation=true", "rollout.n=64"], "rollout.n", "allocation_min"),
+    (["rollout.allocation=true", "rollout.allocation_min=5"], "rollout.n", "allocation_min"),
     (["trainer.stop_after_steps=999"], "trainer.stop_after_steps", "total_steps"),
-    (["selection.hive_keep_share=0"], "selection.hive_keep_share", "(0, 1]"),
+    (["selection.hive.keep_share=0"], "selection.hive.keep_share", "(0, 1]"),
+    # Explicit values out of a range that another setting fixes still fail (the defaults follow).
+    (["selection.method=speed", "selection.speed.screen_rollouts=4"],
+     "selection.speed.screen_rollouts", "[2, rollout.n = 4)"),
+    (["selection.method=speed", "selection.speed.screen_rollouts=1"],
+     "selection.speed.screen_rollouts", "never mixed"),
+    (["selection.method=speed", "rollout.n=2"], "selection.speed.screen_rollouts",
+     "SPEED needs rollout.n >= 3"),
+    (["selection.hive.keep_share=0.2", "selection.hive.pool_factor=4"],
+     "selection.hive.pool_factor", ">= 1 / selection.hive.keep_share"),
+    (["rollout.allocation=true", "rollout.allocation_max=3"], "rollout.n", "allocation_max"),
+    (["selection.dots.reference_size=0"], "selection.dots.reference_size", "> 0"),
 ])
 def test_bad_values_name_the_key(override, key, expected):
     with pytest.raises(C.ConfigError) as err:
@@ -89,6 +108,193 @@ def test_unknown_preset_lists_presets():
 
 
 def test_cli_reports_config_errors_before_starting(capsys):
-    assert main(["--config", "tiny", "selection.policy=best"]) == 2
+    assert main(["--config", "tiny", "selection.method=best"]) == 2
     err = capsys.readouterr().err
-    assert "selection.policy" in err and "expected one of" in err
+    assert "selection.method" in err and "expected one of" in err
+
+
+# ---------------------------------------------------------------- help, --help, --print-config
+
+def _sections(cls=C.Config):
+    """Every config dataclass reachable from ``cls``."""
+    found = [cls]
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(f.default_factory):
+            found += _sections(f.default_factory)
+    return found
+
+
+def test_every_field_has_its_help():
+    missing = [f"{cls.__name__}.{f.name}" for cls in _sections() for f in dataclasses.fields(cls)
+               if len(f.metadata.get("help", "").strip()) < 8]
+    assert not missing, f"fields without help text: {missing}"
+    assert len(_sections()) == 16  # 9 sections, 6 method groups under selection, and Config
+
+
+def test_help_lists_every_preset_with_a_line_and_explains_overrides(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    for preset in PRESETS:
+        line = next(line for line in out.splitlines() if line.strip().startswith(preset + " "))
+        assert len(line.split(None, 1)[1]) > 20, line  # the preset's first comment line
+    assert "--print-config" in out and "section.key=value" in out and "docs/config.md" in out
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_print_config_prints_the_resolved_yaml_with_help_and_exits(preset, tmp_path):
+    """Plain python, no torchrun: exit 0 and YAML that loads back to the same config."""
+    result = subprocess.run([sys.executable, "-m", "lze_trainer", "--config", preset,
+                             "--print-config", "selection.method=speed"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "torch" not in result.stderr.lower() and result.stderr == ""
+    printed = result.stdout
+    assert yaml.safe_load(printed)["selection"]["method"] == "speed"
+    assert "  # G, responses per prompt\n  n: " in printed  # the help above its key
+    assert "[grpo | dapo | lze | dots | greso | speed]" in printed  # a Literal's choices
+    path = tmp_path / "printed.yaml"
+    path.write_text(printed)
+    assert C.load(str(path)) == C.load(preset, ["selection.method=speed"])
+
+
+def test_commented_yaml_of_every_value_kind_loads_back(tmp_path):
+    cfg = C.load("tiny", ["data.eval=[a.jsonl,'b: c']", "data.prompt_template='{question} \\boxed{}'",
+                          "trainer.eval_at_flops=[1e9,2.5e9]", "sft_warmup.seed=null"])
+    path = tmp_path / "c.yaml"
+    path.write_text(C.commented_yaml(cfg, "two\nlines"))
+    assert path.read_text().startswith("# two\n# lines\n")
+    assert C.load(str(path)) == cfg
+
+
+# ---------------------------------------------------------------- renamed keys
+
+def test_every_renamed_key_names_a_field_and_its_old_name_is_gone():
+    defaults = C.Config()
+    for old, new in C.RENAMED_KEYS.items():
+        C._get(defaults, new)  # the new key exists
+        with pytest.raises(AttributeError):
+            C._get(defaults, old)
+
+
+@pytest.mark.parametrize("old, new, value", [
+    ("selection.policy", "selection.method", "dots"),
+    ("selection.dots_every", "selection.dots.every", 3),
+    ("selection.dots_predictor", "selection.dots.predictor", False),
+    ("selection.dots_predictor_prompts", "selection.dots.predictor_prompts", 64),
+    ("selection.greso_initial", "selection.greso.initial", 0.2),
+    ("selection.speed_screen_rollouts", "selection.speed.screen_rollouts", 2),
+    ("selection.speed_prefilter", "selection.speed.prefilter", "greso"),
+    ("selection.hive_keep_share", "selection.hive.keep_share", 0.25),
+    ("selection.fill_factor", "selection.fill.factor", 2.0),
+    ("selection.schedule_target", "selection.schedule.target", 0.5),
+])
+def test_old_keys_load_with_a_warning_naming_the_new_key(old, new, value, tmp_path):
+    method = [] if old == "selection.policy" else ["selection.method=speed"]
+    with pytest.warns(DeprecationWarning, match=f"{old} is now {new}"):
+        from_cli = C.load("tiny", [f"{old}={str(value).lower()}", *method])
+    assert C._get(from_cli, new) == value
+    section, name = old.split(".")
+    path = tmp_path / "old.yaml"
+    path.write_text(yaml.safe_dump({section: {name: value}}))
+    with pytest.warns(C.RenamedKeyWarning, match=f"{old} is now {new} \\(in .*old.yaml\\)"):
+        assert C.load(str(path), method) == C.load(None, [f"{new}={str(value).lower()}", *method])
+
+
+def test_docs_table_of_renamed_keys_is_the_code_table():
+    import re
+
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "config.md").read_text()
+    rows = dict(re.findall(r"^\| `(selection\.\w+)` \| `(selection\.[\w.]+)` \|$", text, re.M))
+    assert rows == C.RENAMED_KEYS
+
+
+def test_uniform_is_an_alias_of_grpo_in_yaml_overrides_and_interpolations(tmp_path):
+    path = tmp_path / "old.yaml"
+    path.write_text("selection:\n  policy: uniform\ntrainer:\n  run_dir: runs/x-${selection.policy}\n")
+    with pytest.warns(DeprecationWarning) as caught:
+        cfg = C.load(str(path))
+    assert cfg.selection.method == "grpo" and cfg.trainer.run_dir == "runs/x-grpo"
+    said = " / ".join(str(w.message) for w in caught)
+    assert "selection.method=uniform is now selection.method=grpo" in said
+    assert "${selection.policy} is now ${selection.method}" in said
+    with pytest.warns(DeprecationWarning, match="uniform is now selection.method=grpo"):
+        assert C.load("tiny", ["selection.method=uniform"]).selection.method == "grpo"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the new names: no warning
+        assert C.load("tiny", ["selection.method=grpo"]).selection.method == "grpo"
+
+
+def test_old_and_new_name_together_is_an_error(tmp_path):
+    path = tmp_path / "both.yaml"
+    path.write_text("selection:\n  dots_every: 3\n  dots:\n    every: 4\n")
+    with pytest.raises(C.ConfigError, match="selection.dots.every: given twice"):
+        C.load(str(path))
+
+
+def test_a_checkpoints_saved_config_of_the_previous_release_compares_equal():
+    """trainer_state's config (dataclasses.asdict) of a run before the rename: checkpoint.load
+    compares it after :func:`renamed`, so a resume of it finds no difference."""
+    from lze_trainer.checkpoint import check_compatible
+
+    current = {**dataclasses.asdict(C.load("tiny", ["selection.method=grpo"])), "world_size": 2}
+    saved = {**current, "selection": dict(current["selection"])}
+    selection = saved["selection"]
+    selection["policy"] = "uniform"
+    del selection["method"]
+    selection["speed_screen_rollouts"] = selection.pop("speed")["screen_rollouts"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        upgraded = C.renamed(saved, warn=False)
+    check_compatible(upgraded, current, folder="step_000002")
+    assert upgraded["selection"]["method"] == "grpo"
+
+
+# ---------------------------------------------------------------- defaults that follow
+
+@pytest.mark.parametrize("n, screen", [(3, 2), (4, 2), (6, 2), (8, 3), (12, 4), (24, 8)])
+def test_speed_screening_default_is_a_third_of_the_group(n, screen):
+    cfg = C.load("tiny", ["selection.method=speed", f"rollout.n={n}"])
+    assert cfg.selection.speed.screen_rollouts == screen
+    explicit = C.load("tiny", ["selection.method=speed", f"rollout.n={n}",
+                               "selection.speed.screen_rollouts=2"])
+    assert explicit.selection.speed.screen_rollouts == 2
+
+
+def test_derived_defaults_follow_their_settings():
+    cfg = C.load("tiny", ["trainer.batch_size=64", "rollout.n=12", "selection.hive.keep_share=0.25"])
+    assert cfg.selection.dots.reference_size == 32  # B / 2, the official 256 of 512
+    assert cfg.rollout.allocation_max == 24  # 2 x rollout.n
+    assert cfg.selection.hive.pool_factor == 8.0  # twice the shortlist of B / keep_share
+    assert C.load("tiny", ["trainer.batch_size=5"]).selection.dots.reference_size == 3
+
+
+# Every method switch with its defaults on the tiny and demo presets (the e2e run of each on tiny:
+# tests/test_trainer_methods_e2e.py::test_every_switch_runs_with_its_defaults).
+SWITCHES = {
+    "grpo": ["selection.method=grpo"],
+    "dapo": ["selection.method=dapo"],
+    "lze": ["selection.method=lze"],
+    "lze-refill": ["selection.method=lze", "selection.refill=true"],
+    "lze-release": ["selection.method=lze", "selection.keep_ratio_schedule=release"],
+    "lze-prune": ["selection.method=lze", "selection.prune=true"],
+    "lze-allocation": ["selection.method=lze", "rollout.allocation=true"],
+    "dots": ["selection.method=dots"],
+    "dots-replay": ["selection.method=dots", "replay.ratio=0.5"],
+    "greso": ["selection.method=greso"],
+    "speed": ["selection.method=speed"],
+    "speed-greso": ["selection.method=speed", "selection.speed.prefilter=greso"],
+    "greso-keep-top-energy": ["selection.method=greso", "selection.keep_top_energy=true"],
+    "lze-hive": ["selection.method=lze", "selection.entropy_filter=true"],
+    "grpo-hive": ["selection.method=grpo", "selection.entropy_filter=true"],
+}
+
+
+@pytest.mark.parametrize("preset", ["tiny", "demo"])
+@pytest.mark.parametrize("switch", sorted(SWITCHES))
+def test_every_method_switch_loads_with_its_defaults(switch, preset):
+    cfg = C.load(preset, SWITCHES[switch])
+    C.validate_world(cfg, 2)

@@ -88,9 +88,9 @@ class FakeGeneration:
 
 
 def build(policy, *overrides, generation=None):
-    cfg = C.load("tiny", [f"selection.policy={policy}", "selection.noise_scale=0",
+    cfg = C.load("tiny", [f"selection.method={policy}", "selection.noise_scale=0",
                           "trainer.batch_size=6", "rollout.n=4",
-                          "selection.speed_screen_rollouts=2", *overrides])
+                          "selection.speed.screen_rollouts=2", *overrides])
     device = torch.device("cpu")
     return methods.build(methods.MethodContext(
         cfg=cfg, num_prompts=N, device=device, selector=GroupSelector(cfg, N, device),
@@ -118,8 +118,8 @@ def test_release_schedule_known_values():
 
 def test_release_schedule_keeps_the_mixed_groups_in_the_first_epoch_then_top_k():
     method = build("lze", "selection.keep_ratio_schedule=release",
-                   "selection.schedule_ramp_epochs=1", "selection.schedule_target=0.5",
-                   "selection.schedule_floor=0.5")
+                   "selection.schedule.ramp_epochs=1", "selection.schedule.target=0.5",
+                   "selection.schedule.floor=0.5")
     for step in range(N // 6):  # epoch 0: five steps of 6 prompts, exactly the mixed ones kept
         plan, _, selection = run_step(method, step)
         assert selection.keep_mask.tolist() == [pid % 3 == 2 for pid in plan.prompt_ids.tolist()]
@@ -137,7 +137,7 @@ def test_is_mixed():
 def test_speed_screens_then_continues_only_mixed_prompts():
     # B = 6, a third of the prompts mixed, 6 screened per call: each call after the first
     # continues the previous call's 2 accepted prompts together with the next screening.
-    method = build("speed", "selection.speed_screen_rollouts=2", "selection.fill_factor=1.0")
+    method = build("speed", "selection.speed.screen_rollouts=2", "selection.fill.factor=1.0")
     plan, groups, selection = run_step(method, 0)
     generation = method.ctx.generation
     screened = [c for c in generation.calls if c[0] == "screening"]
@@ -160,7 +160,7 @@ def test_speed_screens_then_continues_only_mixed_prompts():
 
 
 def test_speed_trains_once_the_batch_is_complete():
-    method = build("speed", "selection.speed_screen_rollouts=2", "selection.fill_factor=3.0")
+    method = build("speed", "selection.speed.screen_rollouts=2", "selection.fill.factor=3.0")
     plan, _, _ = run_step(method, 0)
     calls = method.ctx.generation.calls
     # 18 screened, 6 of them mixed; the next call completes them (and screens 18 more)
@@ -169,9 +169,9 @@ def test_speed_trains_once_the_batch_is_complete():
 
 
 def test_speed_prefilter_skips_prompts_whose_screening_had_no_variance():
-    method = build("speed", "selection.speed_prefilter=greso", "selection.greso_initial=0.05",
-                   "selection.greso_step=0", "selection.speed_screen_rollouts=2",
-                   "selection.fill_max_rounds=1", "selection.fill_factor=5.0")
+    method = build("speed", "selection.speed.prefilter=greso", "selection.greso.initial=0.05",
+                   "selection.greso.step=0", "selection.speed.screen_rollouts=2",
+                   "selection.fill.max_rounds=1", "selection.fill.factor=5.0")
     run_step(method, 0)  # no history: the 30 candidates are all screened
     first = [pid for c in method.ctx.generation.calls if c[0] == "screening" for pid in c[1]]
     assert sorted(first) == list(range(N))
@@ -188,13 +188,13 @@ def test_speed_prefilter_skips_prompts_whose_screening_had_no_variance():
     assert sorted(continued) == [i for i in range(N) if i % 3 == 2]
     assert len(second) <= 5 and not set(second) & set(continued)
     assert method.step_metrics()["greso/streaking_prompts"] >= 15
-    other = build("speed", "selection.speed_prefilter=greso", "selection.speed_screen_rollouts=2")
+    other = build("speed", "selection.speed.prefilter=greso", "selection.speed.screen_rollouts=2")
     other.load_state_dict(method.state_dict())
     assert torch.equal(other.chooser.filter.streak, method.chooser.filter.streak)
 
 
 def test_speed_prefilter_draws_on_past_skipped_candidates():
-    method = build("speed", "selection.speed_prefilter=greso", "selection.greso_initial=0.05")
+    method = build("speed", "selection.speed.prefilter=greso", "selection.greso.initial=0.05")
     chooser = method.chooser
     hard = torch.tensor([i for i in range(N) if i % 3 != 2])
     chooser.filter.streak[hard] = 5  # kept with probability max(0.05 ** 5, 0.01) = 0.01
@@ -211,7 +211,7 @@ def test_speed_prefilter_draws_on_past_skipped_candidates():
 
 
 def test_speed_with_top_energy_trains_only_the_top_k_of_its_screened_batch():
-    method = build("speed", "selection.speed_screen_rollouts=2", "selection.fill_factor=3.0",
+    method = build("speed", "selection.speed.screen_rollouts=2", "selection.fill.factor=3.0",
                    "selection.keep_top_energy=true", "selection.keep_ratio=0.5")
     plan, _, selection = run_step(method, 0)
     assert plan.counts == [4] * 6  # the batch is full of mixed groups ...
@@ -219,22 +219,22 @@ def test_speed_with_top_energy_trains_only_the_top_k_of_its_screened_batch():
     assert (selection.energy[selection.keep_mask] > 0).all()
 
 
-@pytest.mark.parametrize("policy", ["uniform", "dapo", "lze"])
+@pytest.mark.parametrize("policy", ["grpo", "dapo", "lze"])
 def test_keep_top_energy_only_with_a_forward_method(policy):
     with pytest.raises(ValueError, match="selection.keep_top_energy"):
-        C.load("tiny", [f"selection.policy={policy}", "selection.keep_top_energy=true"])
+        C.load("tiny", [f"selection.method={policy}", "selection.keep_top_energy=true"])
 
 
 def test_speed_prefilter_only_with_speed():
-    with pytest.raises(ValueError, match="selection.speed_prefilter"):
-        C.load("tiny", ["selection.policy=lze", "selection.speed_prefilter=greso"])
+    with pytest.raises(ValueError, match="selection.speed.prefilter"):
+        C.load("tiny", ["selection.method=lze", "selection.speed.prefilter=greso"])
 
 
 # ---------------------------------------------------------------- GRESO
 
 def test_greso_skips_prompts_with_long_zero_variance_streaks():
-    method = build("greso", "selection.greso_initial=0.05", "selection.greso_step=0",
-                   "selection.fill_factor=1.0", "trainer.batch_size=30")
+    method = build("greso", "selection.greso.initial=0.05", "selection.greso.step=0",
+                   "selection.fill.factor=1.0", "trainer.batch_size=30")
     plan, _, selection = run_step(method, 0)
     assert plan.counts == [4] * 30  # no history: everything is rolled out ...
     assert int(selection.keep_mask.sum()) == 10  # ... and only mixed groups are trained
@@ -264,9 +264,9 @@ def test_greso_state_round_trips():
 # ---------------------------------------------------------------- DOTS
 
 def test_dots_rolls_out_references_then_samples_prompts_near_half():
-    method = build("dots", "selection.dots_reference_size=9", "selection.dots_every=2",
-                   "selection.dots_calibrate=false", "selection.dots_attention_tau=0.1",
-                   "selection.dots_predictor=false")  # the trained predictor: test_dots_predictor
+    method = build("dots", "selection.dots.reference_size=9", "selection.dots.every=2",
+                   "selection.dots.calibrate=false", "selection.dots.attention_tau=0.1",
+                   "selection.dots.predictor=false")  # the trained predictor: test_dots_predictor
     chooser = method.chooser
     # Fixed embeddings: one direction per outcome kind (id mod 3), as if the encoder knew it.
     chooser.embeddings = torch.nn.functional.one_hot(torch.arange(N) % 3, 3).float() * 5

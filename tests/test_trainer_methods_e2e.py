@@ -16,26 +16,26 @@ pytestmark = pytest.mark.slow
 SWITCHES = {
     # 32 prompts, B = 8, HIVE's pool 2 x 8 a step: an epoch is two steps, so the schedule keeps
     # the mixed groups, then ramps.
-    "lze-release-hive": (["selection.policy=lze", "selection.keep_ratio_schedule=release",
-                          "selection.schedule_ramp_epochs=1", "selection.schedule_target=0.5",
-                          "selection.schedule_floor=0.5", "data.train_limit=32",
-                          "selection.entropy_filter=true", "selection.hive_pool_factor=2"],
+    "lze-release-hive": (["selection.method=lze", "selection.keep_ratio_schedule=release",
+                          "selection.schedule.ramp_epochs=1", "selection.schedule.target=0.5",
+                          "selection.schedule.floor=0.5", "data.train_limit=32",
+                          "selection.entropy_filter=true", "selection.hive.pool_factor=2"],
                          ["hive/dropped", "compute/forward/entropy"]),
     # On dynamic sampling: top-up rounds refill the batch with mixed groups.
-    "greso": (["selection.policy=greso", "selection.greso_initial=0.05"],
+    "greso": (["selection.method=greso", "selection.greso.initial=0.05"],
               ["greso/p_easy", "greso/p_hard", "fill/rounds"]),
     # LZE with the filling loop: top-ups until floor(8 x 0.5) groups have energy > 0.
-    "lze-refill": (["selection.policy=lze", "selection.refill=true", "selection.keep_ratio=0.5"],
+    "lze-refill": (["selection.method=lze", "selection.refill=true", "selection.keep_ratio=0.5"],
                    ["fill/rounds", "fill/capped"]),
     # With GRESO's prefilter fed by the screening (its state is in the checkpoint), training
     # only LZE's top floor(8 x 0.5) groups by energy; the groups carried from one step to the
     # next are in each rank's checkpoint file.
-    "speed": (["selection.policy=speed", "selection.speed_screen_rollouts=2",
-               "selection.speed_prefilter=greso", "selection.greso_initial=0.05",
+    "speed": (["selection.method=speed", "selection.speed.screen_rollouts=2",
+               "selection.speed.prefilter=greso", "selection.greso.initial=0.05",
                "selection.keep_top_energy=true", "selection.keep_ratio=0.5"],
               ["greso/p_easy", "fill/carried_groups"]),
     # References every other step, predicted by the policy's own prompt embeddings.
-    "dots": (["selection.policy=dots", "selection.dots_reference_size=16"],
+    "dots": (["selection.method=dots", "selection.dots.reference_size=16"],
              ["dots/calibration_slope"]),
 }
 

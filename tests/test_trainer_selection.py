@@ -23,7 +23,7 @@ class _Method:
     """A selection method of the trainer on hand-made rewards (no engines)."""
 
     def __init__(self, policy, *overrides):
-        cfg = C.load("tiny", [f"selection.policy={policy}", "selection.noise_scale=0", *overrides])
+        cfg = C.load("tiny", [f"selection.method={policy}", "selection.noise_scale=0", *overrides])
         self.selector = GroupSelector(cfg, num_prompts=10, device=torch.device("cpu"))
         self.method = methods.build(methods.MethodContext(
             cfg=cfg, num_prompts=10, device=torch.device("cpu"), selector=self.selector,
@@ -46,8 +46,8 @@ def selector(policy, *overrides):
     return _Method(policy, *overrides)
 
 
-def test_uniform_keeps_every_group_with_rollouts():
-    out = selector("uniform").select(REWARDS, IDS, VALID, step=0)
+def test_grpo_keeps_every_group_with_rollouts():
+    out = selector("grpo").select(REWARDS, IDS, VALID, step=0)
     assert out.keep_mask.tolist() == [True] * 6 + [False]
 
 
@@ -75,7 +75,7 @@ def test_warmup_steps_keep_everything_then_select():
 
 
 def test_advantages_are_grpo_whatever_the_policy():
-    for policy in ("uniform", "dapo", "lze"):
+    for policy in ("grpo", "dapo", "lze"):
         out = selector(policy).select(REWARDS, IDS, VALID, step=0)
         torch.testing.assert_close(out.advantages, ops.grpo_advantages(REWARDS, VALID))
 

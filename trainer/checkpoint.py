@@ -33,6 +33,7 @@ from lze_kernels.serialization import UnsafeStateFileError, load_state_file
 
 from . import distributed as D
 from .batch import RolloutGroup
+from .config import renamed
 from .rollout import Completion
 
 COMPLETE = "COMPLETE"
@@ -52,10 +53,10 @@ OLDER_RNG_HINT = ("RNG files of versions before the safe load hold numpy arrays:
 COMPATIBILITY_KEYS = (
     "model.path", "data.train", "data.train_limit", "data.prompt_template", "data.system_prompt",
     "rollout.n", "rollout.allocation", "rollout.allocation_max", "trainer.batch_size",
-    "trainer.seed", "selection.policy", "selection.keep_ratio", "selection.noise_scale",
+    "trainer.seed", "selection.method", "selection.keep_ratio", "selection.noise_scale",
     "selection.beta", "selection.d_min", "selection.alpha", "selection.prune",
     "selection.prune_after", "selection.replay_ratio", "replay.ratio", "replay.buffer_size",
-    "selection.speed_screen_rollouts",  # SPEED's carried screenings (methods.fill)
+    "selection.speed.screen_rollouts",  # SPEED's carried screenings (methods.fill)
     "actor.zero_stage",
     "actor.norm_adv_by_std", "sft_warmup.steps",
 )
@@ -149,7 +150,8 @@ def load(engine, folder: Path, rank: int, config_dict: dict) -> dict:
     """Restore DeepSpeed's state and this rank's RNGs; returns the trainer state, with this rank's
     own under ``rank_state``."""
     trainer_state = read_state(folder / TRAINER_STATE)
-    check_compatible(trainer_state["config"], config_dict, folder)
+    # A checkpoint of the previous release names some keys as it did (config.RENAMED_KEYS).
+    check_compatible(renamed(trainer_state["config"], warn=False), config_dict, folder)
     path, _ = engine.load_checkpoint(str(folder.parent), tag=folder.name,
                                      load_optimizer_states=True, load_lr_scheduler_states=True)
     if path is None:

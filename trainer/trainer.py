@@ -434,9 +434,9 @@ def _check_batch_fits(cfg: Config, rows: int) -> None:
     """A step draws distinct prompts: B (and the candidates or reference set the policy draws)
     cannot exceed the data."""
     s, B = cfg.selection, cfg.trainer.batch_size
-    if s.policy == "dots":
-        drawn = max(s.dots_reference_size, B * s.dots_every)
-        what = (f"max(selection.dots_reference_size, trainer.batch_size x selection.dots_every) "
+    if s.method == "dots":
+        drawn = max(s.dots.reference_size, B * s.dots.every)
+        what = (f"max(selection.dots.reference_size, trainer.batch_size x selection.dots.every) "
                 f"= {drawn}")
     elif s.prune:
         drawn = math.ceil(B * s.candidate_factor)

@@ -1,11 +1,11 @@
-"""Selection methods of the trainer, one registry by name (``selection.policy``).
+"""Selection methods of the trainer, one registry by name (``selection.method``).
 
 Each method is a module of its own that registers a builder with :func:`register`; the trainer
 builds the configured one with :func:`build` and calls its phases (:class:`Method`). Switches
 wrap the built method's parts (the forward pruner, rollout allocation, HIVE's two stages before
 rollout, rollout replay).
 
-* ``uniform``: every group (plain GRPO), the sampler's next B prompts; ``dapo``: DAPO's dynamic
+* ``grpo``: every group (plain GRPO), the sampler's next B prompts; ``dapo``: DAPO's dynamic
   sampling (Yu et al. 2025): generation rounds until B groups with non-zero reward variance are
   collected (:mod:`.fill`); ``lze``: the top ``floor(keep_ratio x B)`` groups by Learning-Zone
   Energy (docs/spec.md §3-4) of the sampler's next B prompts, with a fixed keep ratio or the LZE
@@ -47,10 +47,10 @@ def names() -> list[str]:
 
 
 def build(ctx: MethodContext) -> Method:
-    """The method ``selection.policy`` names, with the switches that wrap any method."""
-    name = ctx.cfg.selection.policy
+    """The method ``selection.method`` names, with the switches that wrap any method."""
+    name = ctx.cfg.selection.method
     if name not in _REGISTRY:
-        raise ValueError(f"selection.policy: expected one of {names()}, got {name!r}")
+        raise ValueError(f"selection.method: expected one of {names()}, got {name!r}")
     method = _REGISTRY[name](ctx)
     if ctx.cfg.selection.entropy_filter:
         method.chooser = HistoryThenEntropy(ctx, method.chooser)
@@ -68,9 +68,9 @@ def with_refill(method: Method) -> None:
     method.chooser, method._collect, method.rank_state = chooser, chooser.collect, chooser
 
 
-@register("uniform")
-def _uniform(ctx: MethodContext) -> Method:
-    return Method("uniform", ctx, keep=keep_all)
+@register("grpo")
+def _grpo(ctx: MethodContext) -> Method:
+    return Method("grpo", ctx, keep=keep_all)
 
 
 @register("dapo")

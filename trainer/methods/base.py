@@ -12,7 +12,7 @@ A step of the trainer asks its :class:`Method` four things, in this order:
 4. ``observe(batch, selection)``: what the method learns from the step's rewards (GRESO's
    streaks, the replay buffer).
 
-Each part is a small object, so a method is a combination: ``selection.policy`` names one in the
+Each part is a small object, so a method is a combination: ``selection.method`` names one in the
 registry (:mod:`lze_trainer.methods`), switches such as the pruner or HIVE's entropy check wrap
 its chooser. Every rank builds the same method and feeds it the same all-gathered numbers, so all
 ranks make the same choices without a broadcast; per-prompt state lives on the device in

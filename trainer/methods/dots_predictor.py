@@ -6,16 +6,16 @@ lr 1e-3; ``teacher_utils.py``:219-228 loads it frozen for RL).
 
 Labels. The official predictor learns from pass rates of several models on the training set,
 precomputed. Here the only pass rates the project can produce offline are its own policy's: before
-the first RL step, ``selection.dots_predictor_prompts`` random training prompts are rolled out
+the first RL step, ``selection.dots.predictor_prompts`` random training prompts are rolled out
 ``rollout.n`` times by the step-0 policy (the warmed-up model) and labelled with their mean
 reward. These rollouts are booked in the compute ledger under the purpose ``predictor`` (never
-trained on), so the study counts them. A share ``selection.dots_predictor_holdout`` is held out.
+trained on), so the study counts them. A share ``selection.dots.predictor_holdout`` is held out.
 
 Training (:func:`train_adapter`): AdamW on the held-in prompts, shuffled batches of
-``dots_predictor_batch`` queries, each against a fresh uniform draw of ``K`` references from the
-held-in prompts (``K = selection.dots_reference_size``, capped; a query never attends to itself),
+``dots.predictor_batch`` queries, each against a fresh uniform draw of ``K`` references from the
+held-in prompts (``K = selection.dots.reference_size``, capped; a query never attends to itself),
 BCE of the calibrated prediction against the query's pass rate; at most
-``dots_predictor_epochs`` epochs and ``dots_predictor_time_s`` seconds, whichever ends first.
+``dots.predictor_epochs`` epochs and ``dots.predictor_time_s`` seconds, whichever ends first.
 Rank 0 trains; every rank receives its weights (all ranks must predict alike).
 
 Quality (:func:`held_out_quality`): on the held-out prompts, averaged over random reference draws
@@ -62,27 +62,27 @@ def fit_predictor(ctx, embeddings: torch.Tensor, labelled: LabelledPrompts
     """Train the adapter on rank 0 (bounded in time), share it, freeze it; measure it."""
     s = ctx.cfg.selection
     generator = torch.Generator().manual_seed(ctx.cfg.trainer.seed)
-    held_in, held_out = labelled.split(s.dots_predictor_holdout, generator)
+    held_in, held_out = labelled.split(s.dots.predictor_holdout, generator)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(ctx.cfg.trainer.seed)  # the same initial weights on every rank
-        adapter = DifficultyAdapter(embeddings.shape[1], s.dots_predictor_hidden,
-                                    s.dots_predictor_layers).to(embeddings.device)
+        adapter = DifficultyAdapter(embeddings.shape[1], s.dots.predictor_hidden,
+                                    s.dots.predictor_layers).to(embeddings.device)
     stats: dict[str, float] = {}
     if ctx.generation.world.rank == 0:
         cuda = [embeddings.device] if embeddings.device.type == "cuda" else []
         with torch.random.fork_rng(devices=cuda):  # the run's own random streams stay as they are
             torch.manual_seed(ctx.cfg.trainer.seed)  # dropout
             stats = train_adapter(adapter, embeddings[labelled.prompt_ids[held_in]],
-                                  labelled.pass_rate[held_in], s.dots_reference_size,
-                                  epochs=s.dots_predictor_epochs, time_s=s.dots_predictor_time_s,
-                                  lr=s.dots_predictor_lr, batch_size=s.dots_predictor_batch,
+                                  labelled.pass_rate[held_in], s.dots.reference_size,
+                                  epochs=s.dots.predictor_epochs, time_s=s.dots.predictor_time_s,
+                                  lr=s.dots.predictor_lr, batch_size=s.dots.predictor_batch,
                                   generator=generator)
     state = D.broadcast_object({k: v.cpu() for k, v in adapter.state_dict().items()})
     adapter.load_state_dict(state)
     adapter.eval().requires_grad_(False)
     if len(held_out):
         stats.update(held_out_quality(adapter, embeddings, labelled, held_in, held_out,
-                                      s.dots_reference_size, s.dots_attention_tau,
+                                      s.dots.reference_size, s.dots.attention_tau,
                                       torch.Generator().manual_seed(ctx.cfg.trainer.seed + 1)))
     return adapter, D.broadcast_object(stats)
 
@@ -97,7 +97,7 @@ def train_adapter(adapter: DifficultyAdapter, embeddings: torch.Tensor, labels: 
     M = embeddings.shape[0]
     if M < 2:
         raise ValueError(f"DOTS predictor: expected at least 2 labelled prompts, got {M} "
-                         "(raise selection.dots_predictor_prompts)")
+                         "(raise selection.dots.predictor_prompts)")
     K = min(reference_size, M - 1)
     optimizer = torch.optim.AdamW(adapter.parameters(), lr=lr)
     adapter.train()

@@ -25,7 +25,7 @@ What the official code runs, and the rule that follows it:
   while fewer than ``ceil(keep_ratio x B)`` of them have mixed rewards (energy > 0), top-up rounds
   sized as GRESO's replace zero-variance rows by mixed groups, so the top-k quota can be met.
 
-Where this loop differs, and why: every method's step stops at ``selection.fill_max_rounds``
+Where this loop differs, and why: every method's step stops at ``selection.fill.max_rounds``
 rounds and trains on what it has (rows beyond its accepted groups hold its rejected groups,
 which its group filter does not train, or prompts without rollouts), where DAPO and SPEED raise:
 a study run should not die on a hard stretch of data, and the ``fill/capped`` metric shows it.
@@ -86,12 +86,12 @@ class FillRule:
 
 
 def fill_rule(cfg, policy: str) -> FillRule:
-    """The rule of ``policy`` from the ``selection.fill_*`` settings (None: the official value)."""
+    """The rule of ``policy`` from the ``selection.fill`` settings (None: the official value)."""
     s = cfg.selection
-    factor = s.fill_factor if s.fill_factor is not None else OFFICIAL_FACTOR[policy]
-    rounds = s.fill_max_rounds if s.fill_max_rounds is not None else OFFICIAL_MAX_ROUNDS[policy]
+    factor = s.fill.factor if s.fill.factor is not None else OFFICIAL_FACTOR[policy]
+    rounds = s.fill.max_rounds if s.fill.max_rounds is not None else OFFICIAL_MAX_ROUNDS[policy]
     if policy == "speed":
-        return FillRule(factor, rounds, screen=s.speed_screen_rollouts, carry=True)
+        return FillRule(factor, rounds, screen=s.speed.screen_rollouts, carry=True)
     if policy == "greso":
         return FillRule(factor, rounds, adaptive=True, last_when_it_fits=True)
     if policy == "lze":

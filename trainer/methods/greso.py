@@ -1,11 +1,11 @@
-"""``selection.policy=greso``: GRESO's selective rollouts (Zheng et al. 2025, "Act Only When It
+"""``selection.method=greso``: GRESO's selective rollouts (Zheng et al. 2025, "Act Only When It
 Pays", arXiv 2506.02177; official code Infini-AI-Lab/GRESO at b277843) on DAPO's dynamic sampling.
 
 Before rollout, each candidate prompt whose group was all right (or all wrong) in its last ``z``
 rollouts in a row is skipped with probability ``1 - max(p_kind ** z, 0.01)``; the exploration
-probabilities ``p_easy`` and ``p_hard`` move by ``selection.greso_step`` per step toward a target
-share of zero-variance groups among the step's generated ones (``greso_target_zero_variance``,
-split ``greso_easy_share`` all-right / the rest all-wrong), from the second epoch on, as the
+probabilities ``p_easy`` and ``p_hard`` move by ``selection.greso.step`` per step toward a target
+share of zero-variance groups among the step's generated ones (``greso.target_zero_variance``,
+split ``greso.easy_share`` all-right / the rest all-wrong), from the second epoch on, as the
 official trainer does (``if epoch > 0``). The streaks, the probabilities and the seeded skip draw
 live on the device in :class:`lze_kernels.greso.GresoFilter`.
 
@@ -30,11 +30,11 @@ from .fill import FillingPrompts, FillRule, fill_rule, rolled_tensors
 
 
 def greso_filter(ctx: MethodContext) -> GresoFilter:
-    """The run's GRESO filter from the ``selection.greso_*`` settings (also SPEED's prefilter)."""
+    """The run's GRESO filter from the ``selection.greso`` settings (also SPEED's prefilter)."""
     s = ctx.cfg.selection
     return GresoFilter(ctx.num_prompts, GresoConfig(
-        target_zero_variance=s.greso_target_zero_variance, easy_share=s.greso_easy_share,
-        delta=s.greso_step, initial=s.greso_initial, seed=ctx.cfg.trainer.seed % 2**32),
+        target_zero_variance=s.greso.target_zero_variance, easy_share=s.greso.easy_share,
+        delta=s.greso.step, initial=s.greso.initial, seed=ctx.cfg.trainer.seed % 2**32),
         device=ctx.device)
 
 

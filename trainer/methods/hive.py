@@ -9,18 +9,18 @@ citing its sections 2-3 ("online verification takes the upper half by current pr
 within the shortlisted pool only; the median is computed from that pool"; "the history shortlist
 is broad and retains exploration candidates").
 
-1. **History (coarse).** ``ceil(selection.hive_pool_factor x B)`` candidates (at most every
+1. **History (coarse).** ``ceil(selection.hive.pool_factor x B)`` candidates (at most every
    training prompt) come from the epoch sampler. Each gets a prior from its reward history, the
    learning edge of medium difficulty: ``4 p (1 - p)`` of its pass-rate EMA ``p`` (the LZE
    selector's per-prompt EMA, updated from every rollout the prompt had), and 1 for a prompt
    never rolled out (kept for exploration).
-   The ``S = ceil(B / selection.hive_keep_share)`` candidates with the highest prior form the
+   The ``S = ceil(B / selection.hive.keep_share)`` candidates with the highest prior form the
    shortlist (ties in sampler order), so prompts whose history says solved or hopeless drop out
    first.
 2. **Prompt entropy (fine).** One prefill of the current policy gives each shortlisted prompt's
    entropy ``H`` (the mean entropy of its next-token distributions over the prompt,
    :func:`prefill.mean_prompt_entropy`); the ``B`` with the highest ``H`` are rolled out, the
-   top ``hive_keep_share`` of the pool (the top half by default: above the pool's median).
+   top ``hive.keep_share`` of the pool (the top half by default: above the pool's median).
 
 The batch is always full (B prompts) as long as the sampler has ``S`` prompts. The prefill's tokens
 are booked as compute (``forward/entropy``). HIVE keeps no state of its own: its history is the
@@ -41,7 +41,7 @@ from ..selection import Selection
 
 
 class HistoryThenEntropy:
-    """Wraps a sampler-driven chooser (``uniform``, ``dapo``, ``lze``): its candidates, screened
+    """Wraps a sampler-driven chooser (``grpo``, ``dapo``, ``lze``): its candidates, screened
     by reward history and then by prompt entropy (module docstring)."""
 
     def __init__(self, ctx: MethodContext, inner):
@@ -51,9 +51,9 @@ class HistoryThenEntropy:
 
     def choose(self, step: int, batch_size: int) -> PromptPlan:
         s = self.ctx.cfg.selection
-        pool = self.inner.candidates(min(math.ceil(s.hive_pool_factor * batch_size),
+        pool = self.inner.candidates(min(math.ceil(s.hive.pool_factor * batch_size),
                                          self.ctx.num_prompts))
-        shortlist_size = min(math.ceil(batch_size / s.hive_keep_share), len(pool))
+        shortlist_size = min(math.ceil(batch_size / s.hive.keep_share), len(pool))
         shortlist = shortlist_by_history(self.history_prior(pool.to(self.ctx.device)),
                                          shortlist_size)
         shortlisted = pool[shortlist.cpu()]

