@@ -165,6 +165,24 @@ def test_bad_arguments_raise(model_dir, tmp_path):
                        args=make_config(tmp_path), train_dataset=wrong_index.to_iterable_dataset())
 
 
+def format_reward(completions, **_):
+    """A reward every completion earns (as a format reward often is at first)."""
+    return [1.0] * len(completions)
+
+
+def test_a_format_and_an_accuracy_reward_need_score_fn(model_dir, tmp_path):
+    """TRL sums its reward functions: a format and an accuracy reward in [0, 1] each sum to
+    [0, 2], which LZE refuses at the first step, saying how to map them to [0, 1]."""
+    config = make_config(tmp_path, max_steps=1)
+    rewards = [format_reward, pattern_reward]
+    with pytest.raises(ValueError, match=r"sum to \[0, 2\].*score_fn=lambda r: r / 2"):
+        make_trainer(model_dir, tmp_path, reward=rewards, config=config).train()
+    trainer = make_trainer(model_dir, tmp_path, reward=rewards, config=config,
+                           score_fn=lambda r: r / 2)
+    trainer.train()
+    assert trainer.state.global_step == 1
+
+
 # ----------------------------------------------------------------------------- the loss
 
 # Dataset rows of one generation batch (6 groups, 2 micro-batches of 3 groups), keep_ratio 0.5,
@@ -378,7 +396,7 @@ def test_training_checkpoint_and_resume_reproduce_the_selection(model_dir, tmp_p
     config = make_config(tmp_path, max_steps=9, save_strategy="steps", save_steps=4)
     full_log, resumed_log = [], []
     full = make_trainer(model_dir, tmp_path, num_prompts=6, reward=sampled_rows(full_log),
-                        config=config, lze_config=lze_config)
+                        config=config, lze_config=lze_config, prune=True)
     full.train()
 
     metrics = [entry for entry in full.state.log_history if "loss" in entry]
@@ -393,7 +411,7 @@ def test_training_checkpoint_and_resume_reproduce_the_selection(model_dir, tmp_p
     checkpoint = tmp_path / "checkpoint-4"
     assert (checkpoint / STATE_FILE).is_file()
     resumed = make_trainer(model_dir, tmp_path, num_prompts=6, reward=sampled_rows(resumed_log),
-                           config=config, lze_config=lze_config)
+                           config=config, lze_config=lze_config, prune=True)
     resumed.train(resume_from_checkpoint=str(checkpoint))
     assert resumed_log == full_log[4:]
     final, again = full.lze_state_dict(), resumed.lze_state_dict()

@@ -72,9 +72,13 @@ def unit_scores(rewards: torch.Tensor, valid: Optional[torch.Tensor],
     checked = scores if valid is None else torch.where(valid, scores, 0.0)
     low, high = torch.stack(torch.aminmax(checked)).tolist()  # NaN propagates
     if not (0.0 <= low and high <= 1.0):
-        raise ValueError("rewards: LZE needs each completion's reward in [0, 1] (a pass rate); "
-                         "pass score_fn to map your rewards there, e.g. "
-                         "score_fn=lambda r: (r > 0).float()")
+        raise ValueError(
+            f"rewards: LZE needs each completion's reward in [0, 1] (a pass rate), got values in "
+            f"[{low:g}, {high:g}]. Rewards of several functions are summed: a format and an "
+            f"accuracy reward in [0, 1] each sum to [0, 2]. Map them to [0, 1] with score_fn, "
+            f"e.g. score_fn=lambda r: r / 2 (the mean of two rewards) or "
+            f"score_fn=lambda r: (r >= 2).float() (both right), or weight them to sum to 1 "
+            f"(TRL: GRPOConfig(reward_weights=[0.5, 0.5])).")
     return scores
 
 

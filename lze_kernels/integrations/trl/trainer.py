@@ -94,14 +94,20 @@ class LZEGRPOTrainer(GRPOTrainer):
         policy: ``"lze"`` (top-k groups by Learning-Zone Energy) or ``"dapo"`` (groups whose
             rewards are not all equal: DAPO dynamic sampling without resampling).
         lze_config: the selector's :class:`~lze_kernels.LZEConfig` (``policy="lze"``).
-        prune: skip rollouts of prompts the selector pruned, through the sampler (``"lze"``).
+        prune: skip rollouts of prompts the selector pruned, through the sampler (``"lze"``;
+            docs/spec.md §5). Off by default, as ``lze_trainer``'s ``selection.prune``: LZE as
+            published selects after rollout only, and the pruner changes which prompts a run
+            sees (a prompt solved ``prune_after`` epochs in a row is skipped).
         index_column: dataset column with each row's index; added when missing.
         score_fn: maps a 1-D tensor of completion rewards to [0, 1] for LZE (default: as is).
+            TRL sums the reward functions (times ``reward_weights``): a format reward plus an
+            accuracy reward, each in [0, 1], sum to [0, 2] and fail at the first step; pass e.g.
+            ``score_fn=lambda r: r / 2`` (or weights that sum to 1).
         lze_backend: the selector's kernel backend (``"auto"`` picks the device's fused one).
     """
 
     def __init__(self, model, reward_funcs=None, args=None, train_dataset=None, *gtrainer_args,
-                 policy: str = "lze", lze_config: Optional[LZEConfig] = None, prune: bool = True,
+                 policy: str = "lze", lze_config: Optional[LZEConfig] = None, prune: bool = False,
                  index_column: str = "lze_index", score_fn: Optional[ScoreFn] = None,
                  lze_backend: str = "auto", **gtrainer_kwargs):
         check_policy(policy)
