@@ -1,4 +1,4 @@
-"""Building blocks for users who keep their own training loop (verl, TRL, OpenRLHF).
+"""Building blocks for users who keep their own training loop.
 
 Each function is sync-free and returns fixed-shape tensors. ``lze_update`` and ``topk_mask`` run
 on a backend (``"auto"`` picks the fused kernels of the device); the others are PyTorch. DOTS (SPEC 8, :mod:`lze_kernels.dots`): ``predict_pass_rates`` runs on a
