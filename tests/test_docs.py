@@ -78,3 +78,39 @@ def test_no_development_process_language():
             for i, line in enumerate(p.read_text().splitlines(), 1)
             if DEVELOPMENT_NAMES.search(line)]
     assert hits == []
+
+
+DOCS = ROOT / "docs"
+INDEX = DOCS / "README.md"
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def doc_pages() -> list[Path]:
+    return sorted(p for p in DOCS.rglob("*.md") if p != INDEX)
+
+
+def test_index_lists_every_page():
+    listed = {(DOCS / target).resolve() for target in LINK.findall(INDEX.read_text())}
+    missing = [str(p.relative_to(ROOT)) for p in doc_pages() if p.resolve() not in listed]
+    assert missing == []
+
+
+def heading_anchors(page: Path) -> set[str]:
+    """GitHub's anchors of a page's headings: lower case, punctuation dropped, spaces to '-'."""
+    titles = re.findall(r"^#+ (.+)$", page.read_text(), flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", t.strip().lower()).replace(" ", "-") for t in titles}
+
+
+def test_every_relative_link_resolves():
+    broken = []
+    for page in [ROOT / "README.md", INDEX, *doc_pages()]:
+        text = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.M | re.S)  # code is not links
+        for target in LINK.findall(text):
+            if re.match(r"[a-z]+:", target):  # https:, mailto:
+                continue
+            path, _, anchor = target.partition("#")
+            file = (page.parent / path).resolve() if path else page
+            if not file.exists() or (anchor and file.suffix == ".md"
+                                     and anchor not in heading_anchors(file)):
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+    assert broken == []
