@@ -33,7 +33,8 @@ LOGPROB_TOLERANCE = 1e-4  # fp32 actor vs fp32 engine; a stale lm_head is off by
 def run_spec(tmp_path, model_dir, name, **overrides) -> RunSpec:
     values = dict(model_dir=model_dir, out_dir=str(tmp_path / name), trainer="lze",
                   prompts=PROMPTS, prompts_per_device=PROMPTS_PER_DEVICE, max_steps=STEPS,
-                  save_steps=2, keep_ratio=KEEP_RATIO, learning_rate=1e-2)
+                  save_steps=2, keep_ratio=KEEP_RATIO, learning_rate=1e-2,
+                  prune=True)  # the resume restores the pruner's epoch plan too
     return RunSpec(**{**values, **overrides})
 
 

@@ -52,6 +52,7 @@ class RunSpec:
     # Weight sync of TRL's GRPOTrainer: "reload" (sync_colocated_vllm_by_reload), "trl", "off".
     sync: str = "reload"
     keep_ratio: float = 0.5
+    prune: bool = False  # LZEGRPOTrainer's forward pruner (its default: off)
     seed: int = 0
 
 
@@ -191,7 +192,8 @@ def make_trainer(spec: RunSpec, out_dir: Path):
     kwargs = dict(model=spec.model_dir, reward_funcs=REWARDS[spec.reward],
                   args=grpo_config(spec), train_dataset=dataset)
     if spec.trainer == "lze":
-        trainer = Recording(**kwargs, lze_config=LZEConfig(keep_ratio=spec.keep_ratio))
+        trainer = Recording(**kwargs, lze_config=LZEConfig(keep_ratio=spec.keep_ratio),
+                            prune=spec.prune)
     elif spec.trainer == "trl":
         trainer = GRPOTrainer(**kwargs)
         if spec.sync == "reload":
