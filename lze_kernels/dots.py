@@ -79,6 +79,7 @@ def calibrate_linear(predicted: torch.Tensor, actual: torch.Tensor
 
 def apply_calibration(pred: torch.Tensor, slope, intercept) -> torch.Tensor:
     """``clamp(slope * pred + intercept, 0, 1)`` (slope and intercept: floats or 0-dim tensors)."""
+    validation.check_calibration(pred, slope, intercept)
     return (slope * pred.float() + intercept).clamp(0.0, 1.0)
 
 

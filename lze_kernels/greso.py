@@ -94,6 +94,10 @@ class GresoFilter:
         validity; rows without responses keep their state) and, if ``adapt``, move ``p`` toward
         the targets by the step's zero-variance shares among the groups generated (the official
         code adapts only from the second epoch on: ``adapt=False`` in the first)."""
+        if valid is None:
+            raise ValueError("valid: expected a [B, G] bool tensor, got None")
+        validation.check_rewards_structure(rewards, valid, self.device)
+        validation.check_prompt_ids_structure(prompt_ids, self.device, rewards.shape[0])
         responded = valid.any(dim=1)
         all_right = responded & torch.where(valid, rewards >= 1, True).all(dim=1)
         all_wrong = responded & torch.where(valid, rewards <= 0, True).all(dim=1)

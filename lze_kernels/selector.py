@@ -82,7 +82,8 @@ class LZESelector:
         device and reported by the next checked call or :meth:`raise_if_faulted`. A failed check
         raises ``ValueError`` and leaves the state unchanged.
         """
-        validation.check_step_structure(rewards, prompt_ids, valid, self.device)
+        validation.check_step_structure(rewards, prompt_ids, valid, self.device,
+                                        self.num_prompts)
         if check_inputs:
             self.raise_if_faulted()
             validation.check_step_values(rewards, prompt_ids, valid, self.num_prompts)
@@ -95,10 +96,7 @@ class LZESelector:
 
     def raise_if_faulted(self) -> None:
         """Raise (and clear) the faults that unchecked steps recorded on the device. Syncs."""
-        bits = int(self.state.fault[0])
-        if bits:
-            self.state.fault.zero_()
-            validation.raise_for_faults(bits)
+        validation.raise_if_faulted(self.state)
 
     # ------------------------------------------------------------------------- forward pruner
 

@@ -1,10 +1,12 @@
 """Input checks with errors that name the argument and what was expected.
 
-Two tiers. :func:`check_step_structure` reads only tensor metadata (shape, dtype, device), costs
-no device sync and always runs. :func:`check_step_values` reads values (id range, distinct ids,
+Two tiers. The structural checks (``check_*_structure``, :func:`check_state`, :func:`check_topk`
+and the DOTS checks) read only tensor metadata (shape, dtype, device, contiguity) and host
+scalars, cost no device sync and always run before a kernel gets a raw pointer: every public op
+and the selector call them. :func:`check_step_values` reads values (id range, distinct ids,
 finite rewards in [0, 1]) and so synchronises; it runs when ``check_inputs=True``. With value
 checks off, the kernels detect the same faults on the device, skip the bad rows and record fault
-bits that :func:`raise_for_faults` turns into the same errors later.
+bits in ``state.fault`` that :func:`raise_if_faulted` turns into the same errors later.
 """
 
 from __future__ import annotations
@@ -23,15 +25,38 @@ def _fail(name: str, expected: str, got) -> None:
     raise ValueError(f"{name}: expected {expected}, got {got}")
 
 
-def check_tensor(x, name: str, dtypes, ndim: int, device: torch.device) -> None:
+def check_tensor(x, name: str, dtypes, ndim: int, device: Optional[torch.device]) -> None:
+    """A tensor of ``ndim`` dimensions, one of ``dtypes``, on ``device`` (None: any device)."""
     if not isinstance(x, torch.Tensor):
         _fail(name, "a torch.Tensor", type(x).__name__)
     if x.dim() != ndim:
         _fail(name, f"a {ndim}-D tensor", f"shape {tuple(x.shape)}")
     if x.dtype not in dtypes:
         _fail(name, f"dtype in {[str(d) for d in dtypes]}", x.dtype)
-    if x.device != device:
+    if device is not None and x.device != device:
         _fail(name, f"a tensor on {device}", f"one on {x.device}")
+
+
+def check_state(state) -> None:
+    """A :class:`~lze_kernels.layout.SelectorState` the kernels can index and write in place:
+    ``fstate [N + 1, 4]`` fp32 and ``istate [N + 1, 4]`` int32 with N >= 1, ``step_counter [2]``
+    int64 and ``fault [1]`` int32, all contiguous and on one device (metadata only)."""
+    if not isinstance(state, L.SelectorState):
+        _fail("state", "a SelectorState (ops.new_state)", type(state).__name__)
+    check_tensor(state.fstate, "state.fstate", (torch.float32,), 2, None)
+    rows, device = state.fstate.shape[0], state.fstate.device
+    if rows < 2:
+        _fail("state.fstate", "N + 1 >= 2 rows (num_prompts >= 1)", f"{rows} rows")
+    expected = {"fstate": (torch.float32, (rows, L.NUM_FIELDS)),
+                "istate": (torch.int32, (rows, L.NUM_FIELDS)),
+                "step_counter": (torch.int64, (2,)), "fault": (torch.int32, (1,))}
+    for field, (dtype, shape) in expected.items():
+        name, tensor = f"state.{field}", getattr(state, field)
+        check_tensor(tensor, name, (dtype,), len(shape), device)
+        if tuple(tensor.shape) != shape:
+            _fail(name, f"shape {shape}", f"shape {tuple(tensor.shape)}")
+        if not tensor.is_contiguous():  # the kernels write it in place through its pointer
+            _fail(name, "a contiguous tensor", "a strided view")
 
 
 def check_prompt_ids_structure(prompt_ids, device: torch.device, batch: Optional[int] = None):
@@ -42,19 +67,77 @@ def check_prompt_ids_structure(prompt_ids, device: torch.device, batch: Optional
         _fail("prompt_ids", "at least one prompt (B >= 1)", "B = 0")
 
 
-def check_step_structure(rewards, prompt_ids, valid, device: torch.device) -> None:
-    """Shapes, dtypes and devices of one step's inputs (metadata only: no sync)."""
-    check_tensor(rewards, "rewards", FLOAT_DTYPES, 2, device)
+def check_rewards_structure(rewards, valid, device: Optional[torch.device],
+                            dtypes=ANY_FLOAT_DTYPES) -> None:
+    """``rewards [B, G]`` of one of ``dtypes`` and ``valid`` (None or ``[B, G]`` bool) on
+    ``device`` (None: ``rewards``' device)."""
+    check_tensor(rewards, "rewards", dtypes, 2, device)
+    device = rewards.device
+    if valid is not None:
+        check_tensor(valid, "valid", (torch.bool,), 2, device)
+        if valid.shape != rewards.shape:
+            _fail("valid", f"shape {tuple(rewards.shape)} like rewards", tuple(valid.shape))
+
+
+def check_step_structure(rewards, prompt_ids, valid, device: torch.device,
+                         num_prompts: int) -> None:
+    """Shapes, dtypes and devices of one step's inputs over a state of ``num_prompts`` prompts
+    (metadata only: no sync). B distinct ids in [0, N) need B <= N."""
+    check_rewards_structure(rewards, valid, device, FLOAT_DTYPES)
     batch, group = rewards.shape
     if batch == 0:
         _fail("rewards", "at least one prompt group (B >= 1)", "B = 0")
     if group == 0:
         _fail("rewards", "at least one rollout per group (G >= 1)", "G = 0")
     check_prompt_ids_structure(prompt_ids, device, batch)
-    if valid is not None:
-        check_tensor(valid, "valid", (torch.bool,), 2, device)
-        if valid.shape != rewards.shape:
-            _fail("valid", f"shape {tuple(rewards.shape)} like rewards", tuple(valid.shape))
+    if batch > num_prompts:
+        _fail("prompt_ids", f"at most num_prompts = {num_prompts} distinct ids", f"B = {batch}")
+
+
+def check_topk(energy, k, noise_scale, seed, step) -> None:
+    """``energy [B]`` fp32 with B >= 1 (the kernels read fp32), ``k`` in [1, B], a finite
+    ``noise_scale >= 0``, a 32-bit ``seed`` and ``step`` None or an int64 tensor on ``energy``'s
+    device."""
+    check_tensor(energy, "energy", (torch.float32,), 1, None)
+    size = energy.shape[0]
+    if size == 0:
+        _fail("energy", "at least one group (B >= 1)", "B = 0")
+    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= size:
+        _fail("k", f"an int in [1, {size}]", repr(k))
+    if not isinstance(noise_scale, (int, float)) or isinstance(noise_scale, bool) \
+            or not 0 <= noise_scale < float("inf"):
+        _fail("noise_scale", "a finite float >= 0", repr(noise_scale))
+    check_seed(seed)
+    check_step_tensor(step, energy.device)
+
+
+def check_seed(seed) -> None:
+    """A seed of the Philox streams: an int in [0, 2**32)."""
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**32:
+        _fail("seed", "an int in [0, 2**32)", repr(seed))
+
+
+def check_step_tensor(step, device: torch.device) -> None:
+    """None, or an int64 tensor with at least one element on ``device`` (its first element keys
+    a noise stream; the kernels read it through a pointer)."""
+    if step is None:
+        return
+    if not isinstance(step, torch.Tensor):
+        _fail("step", "an int64 tensor", type(step).__name__)
+    if step.dtype != torch.int64 or step.numel() < 1 or step.device != device:
+        _fail("step", f"an int64 tensor with at least one element on {device}",
+              f"{step.dtype} of shape {tuple(step.shape)} on {step.device}")
+
+
+def check_rollout_scores(scores) -> None:
+    """``scores [B]`` float with B >= 1. Integer tensors are refused: they are prompt ids, which
+    :meth:`LZESelector.allocate_rollouts <lze_kernels.LZESelector.allocate_rollouts>` takes."""
+    if isinstance(scores, torch.Tensor) and not scores.is_floating_point():
+        _fail("scores", "float scores (energies, not prompt ids: LZESelector.allocate_rollouts "
+                        "takes ids)", scores.dtype)
+    check_tensor(scores, "scores", ANY_FLOAT_DTYPES, 1, None)
+    if scores.shape[0] == 0:
+        _fail("scores", "at least one prompt (B >= 1)", "B = 0")
 
 
 def check_prompt_id_values(prompt_ids: torch.Tensor, num_prompts: int, distinct: bool) -> None:
@@ -84,8 +167,19 @@ def raise_for_faults(fault_bits: int) -> None:
     if fault_bits:
         problems = "; ".join(msg for bit, msg in L.FAULT_MESSAGES.items() if fault_bits & bit)
         raise ValueError(
-            f"a step run with check_inputs=False skipped rows with bad input: {problems}"
+            f"a step run without value checks (check_inputs=False, or ops.lze_update) skipped "
+            f"rows with bad input: {problems}"
         )
+
+
+def raise_if_faulted(state: L.SelectorState) -> None:
+    """Raise (and clear) the faults that unchecked steps recorded in ``state.fault``: ids past
+    the state, duplicate ids, NaN/inf rewards, rewards outside [0, 1]. Synchronises once."""
+    check_state(state)
+    bits = int(state.fault[0])
+    if bits:
+        state.fault.zero_()
+        raise_for_faults(bits)
 
 
 def check_rollout_budget(batch: int, total, tau, n_min, n_max) -> None:
@@ -107,7 +201,8 @@ def check_unit_interval(name: str, value) -> None:
         _fail(name, "a float in [0, 1]", value)
 
 
-def _check_positive_float(name: str, value) -> None:
+def check_positive_float(name: str, value) -> None:
+    """A finite host float > 0."""
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0 \
             or value == float("inf"):
         _fail(name, "a finite float > 0", repr(value))
@@ -116,13 +211,10 @@ def _check_positive_float(name: str, value) -> None:
 def check_dots_prediction(query_emb, ref_emb, ref_pass, attention_tau) -> None:
     """Structure of a DOTS prediction (docs/spec.md §8): ``query_emb [N, d]``, ``ref_emb [K, d]`` of the
     same float dtype with K >= 1, ``ref_pass [K]`` float, one device, ``attention_tau > 0``."""
-    if not isinstance(query_emb, torch.Tensor):
-        _fail("query_emb", "a torch.Tensor", type(query_emb).__name__)
+    check_tensor(query_emb, "query_emb", FLOAT_DTYPES, 2, None)
     device = query_emb.device
-    check_tensor(query_emb, "query_emb", FLOAT_DTYPES, 2, device)
     check_tensor(ref_emb, "ref_emb", (query_emb.dtype,), 2, device)
-    check_tensor(ref_pass, "ref_pass", ANY_FLOAT_DTYPES, 1,
-                 device)
+    check_tensor(ref_pass, "ref_pass", ANY_FLOAT_DTYPES, 1, device)
     if query_emb.shape[1] == 0:
         _fail("query_emb", "embeddings of dimension d >= 1", f"shape {tuple(query_emb.shape)}")
     if ref_emb.shape[0] == 0:
@@ -133,14 +225,12 @@ def check_dots_prediction(query_emb, ref_emb, ref_pass, attention_tau) -> None:
     if ref_pass.shape[0] != ref_emb.shape[0]:
         _fail("ref_pass", f"shape ({ref_emb.shape[0]},) matching ref_emb's K",
               f"{tuple(ref_pass.shape)}")
-    _check_positive_float("attention_tau", attention_tau)
+    check_positive_float("attention_tau", attention_tau)
 
 
 def check_calibration_points(predicted, actual) -> None:
     """``predicted [K]`` and ``actual [K]`` float tensors on one device, K >= 1."""
-    if not isinstance(predicted, torch.Tensor):
-        _fail("predicted", "a torch.Tensor", type(predicted).__name__)
-    check_tensor(predicted, "predicted", ANY_FLOAT_DTYPES, 1, predicted.device)
+    check_tensor(predicted, "predicted", ANY_FLOAT_DTYPES, 1, None)
     check_tensor(actual, "actual", ANY_FLOAT_DTYPES, 1, predicted.device)
     if predicted.shape[0] == 0:
         _fail("predicted", "at least one point (K >= 1)", "K = 0")
@@ -148,27 +238,28 @@ def check_calibration_points(predicted, actual) -> None:
         _fail("actual", f"shape {tuple(predicted.shape)} like predicted", tuple(actual.shape))
 
 
+def check_calibration(pred, slope, intercept) -> None:
+    """``pred [N]`` float; ``slope`` and ``intercept`` host floats or 0-dim float tensors."""
+    check_tensor(pred, "pred", ANY_FLOAT_DTYPES, 1, None)
+    for name, value in (("slope", slope), ("intercept", intercept)):
+        if isinstance(value, torch.Tensor):
+            check_tensor(value, name, ANY_FLOAT_DTYPES, 0, None)
+        elif not isinstance(value, (int, float)) or isinstance(value, bool):
+            _fail(name, "a float or a 0-dim float tensor", type(value).__name__)
+
+
 def check_near_half_sampling(predicted, n, tau, seed, step, eligible) -> None:
     """Structure of a DOTS draw: ``predicted [N]`` float, ``n`` in [1, N], ``tau > 0``, a
     32-bit ``seed``, ``step`` an int64 tensor with >= 1 element and ``eligible [N]`` bool, all
     on ``predicted``'s device."""
-    if not isinstance(predicted, torch.Tensor):
-        _fail("predicted", "a torch.Tensor", type(predicted).__name__)
+    check_tensor(predicted, "predicted", ANY_FLOAT_DTYPES, 1, None)
     device = predicted.device
-    check_tensor(predicted, "predicted", ANY_FLOAT_DTYPES, 1,
-                 device)
     size = predicted.shape[0]
     if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= size:
         _fail("n", f"an int in [1, {size}] (the number of prompts)", repr(n))
-    _check_positive_float("tau", tau)
-    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**32:
-        _fail("seed", "an int in [0, 2**32)", repr(seed))
-    if step is not None:
-        if not isinstance(step, torch.Tensor):
-            _fail("step", "an int64 tensor", type(step).__name__)
-        if step.dtype != torch.int64 or step.numel() < 1 or step.device != device:
-            _fail("step", f"an int64 tensor with at least one element on {device}",
-                  f"{step.dtype} of shape {tuple(step.shape)} on {step.device}")
+    check_positive_float("tau", tau)
+    check_seed(seed)
+    check_step_tensor(step, device)
     if eligible is not None:
         check_tensor(eligible, "eligible", (torch.bool,), 1, device)
         if eligible.shape[0] != size:
