@@ -73,13 +73,14 @@ def test_a_crafted_checkpoint_file_is_refused_and_never_runs(tmp_path, name, raw
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("policy", ["lze", "greso", "speed"])
-def test_method_states_round_trip_through_the_safe_load(tmp_path, policy):
+@pytest.mark.parametrize("method_name", ["lze", "greso", "speed"])
+def test_method_states_round_trip_through_the_safe_load(tmp_path, method_name):
     """The states that are saved (SPEED's carried groups are RolloutGroups in the rank file) are
     read back equal."""
-    method = build(policy, "selection.fill_factor=1.0") if policy == "speed" else build(policy)
+    method = (build(method_name, "selection.fill.factor=1.0") if method_name == "speed"
+              else build(method_name))
     run_step(method, 0)
-    if policy == "speed":
+    if method_name == "speed":
         assert method.rank_state_dict()["fill_ready"] + method.rank_state_dict()["fill_pending"]
     folder = save(tmp_path / "run", method)
     state = checkpoint.load(FakeEngine(), folder, 0, CONFIG)
@@ -88,8 +89,8 @@ def test_method_states_round_trip_through_the_safe_load(tmp_path, policy):
 
 
 def test_the_dots_predictor_round_trips_through_the_safe_load(tmp_path):
-    method = build("dots", "selection.dots_reference_size=9", "selection.dots_predictor_prompts=24",
-                   "selection.dots_predictor_hidden=8", "selection.dots_predictor_epochs=3")
+    method = build("dots", "selection.dots.reference_size=9", "selection.dots.predictor_prompts=24",
+                   "selection.dots.predictor_hidden=8", "selection.dots.predictor_epochs=3")
     method.chooser.embeddings = torch.nn.functional.one_hot(torch.arange(30) % 3, 3).float() * 5
     run_step(method, 0)
     assert method.chooser.adapter is not None
