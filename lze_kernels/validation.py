@@ -209,8 +209,9 @@ def check_positive_float(name: str, value) -> None:
 
 
 def check_dots_prediction(query_emb, ref_emb, ref_pass, attention_tau) -> None:
-    """Structure of a DOTS prediction (docs/spec.md §8): ``query_emb [N, d]``, ``ref_emb [K, d]`` of the
-    same float dtype with K >= 1, ``ref_pass [K]`` float, one device, ``attention_tau > 0``."""
+    """Structure of a DOTS prediction (docs/spec.md §8): ``query_emb [N, d]``, ``ref_emb [K, d]``
+    of the same float dtype with K >= 1, ``ref_pass [K]`` float, one device,
+    ``attention_tau > 0``."""
     check_tensor(query_emb, "query_emb", FLOAT_DTYPES, 2, None)
     device = query_emb.device
     check_tensor(ref_emb, "ref_emb", (query_emb.dtype,), 2, device)

@@ -13,7 +13,8 @@ import math
 import pytest
 import torch
 
-from conftest import binary_rewards, ragged_valid
+from conftest import (U32, advantage_error_bound, assert_within, binary_rewards, gamma,
+                      ragged_valid, softmax_mean_error_bound)
 from lze_kernels import LZEConfig, LZESelector, available_backends, dispatch, dots
 from lze_kernels.greso import GresoFilter
 
@@ -48,7 +49,8 @@ def test_gpu_backend_matches_reference(name, batch, group):
         got, want = sel.step(*inputs), ref.step(*inputs)
         for field in ("pass_rate", "energy", "momentum", "keep_mask", "kept_indices", "num_kept"):
             assert torch.equal(getattr(got, field), getattr(want, field)), field
-        torch.testing.assert_close(got.advantages, want.advantages, rtol=2e-5, atol=2e-5)
+        assert_within(got.advantages, want.advantages,
+                      2 * advantage_error_bound(inputs[0], inputs[2], config.eps), "advantages")
     assert torch.equal(sel.state.fstate[:-1], ref.state.fstate[:-1])
     assert torch.equal(sel.state.istate[:-1], ref.state.istate[:-1])
 
@@ -127,7 +129,11 @@ def test_dots_prediction_matches_fp64_oracle(name, n, k, d, dtype):
     s = (q.double() @ r.double().T) / math.sqrt(d)
     want = torch.softmax(s, dim=1) @ y.double()
     assert got.dtype == torch.float32 and got.shape == (n,)
-    torch.testing.assert_close(got.double(), want, rtol=0, atol=2e-3 if d > 1 else 1e-5)
+    # Tensor cores may truncate their fp32 sums (twice the roundings); Triton's fp32 dot is
+    # TF32x3 (three products of 11-bit halves: each within 12u of |q_i r_i|, over 3d terms).
+    split = name == "triton" and dtype == torch.float32
+    product_error = gamma(6 * d) + 12 * U32 if split else gamma(d)
+    assert_within(got, want, softmax_mean_error_bound(q, r, y, 1 / math.sqrt(d), product_error))
 
 
 def test_dots_prediction_never_synchronises():

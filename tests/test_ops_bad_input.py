@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import KERNEL_BACKENDS, backend_param, predict_param
-from lze_kernels import LZEConfig, LZESelector, ops
+from lze_kernels import LZESelector, ops
 from lze_kernels import layout as L
 from lze_kernels.layout import SelectorState
 
@@ -200,8 +200,9 @@ TOPK_MUTATIONS = [
 def predict_args(draw):
     n, k, d = draw(st.integers(1, 20)), draw(st.integers(1, 9)), draw(st.integers(1, 12))
     gen = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
-    return dict(query_emb=torch.randn(n, d, generator=gen), ref_emb=torch.randn(k, d, generator=gen),
-                ref_pass=torch.rand(k, generator=gen), attention_tau=draw(st.sampled_from([0.5, 1.0])))
+    return dict(query_emb=torch.randn(n, d, generator=gen),
+                ref_emb=torch.randn(k, d, generator=gen), ref_pass=torch.rand(k, generator=gen),
+                attention_tau=draw(st.sampled_from([0.5, 1.0])))
 
 
 PREDICT_MUTATIONS = [
@@ -353,20 +354,17 @@ def test_selector_step_refuses_bad_arguments(backend, mutation, args):
     check_refused(step, args, mutation, selector.state)
 
 
-@pytest.mark.parametrize("mutation", ids(TOPK_MUTATIONS))
-@pytest.mark.parametrize("backend", STEP_BACKENDS)
+@pytest.mark.parametrize("op,strategy,mutation,backend", [
+    pytest.param(op, strategy, m, backend.values[0], marks=backend.marks,
+                 id=f"{op.__name__}-{backend.id}-{m.id}")
+    for op, strategy, mutations, backends in (
+        (ops.topk_mask, topk_args, TOPK_MUTATIONS, STEP_BACKENDS),
+        (ops.predict_pass_rates, predict_args, PREDICT_MUTATIONS, PREDICT_BACKENDS))
+    for backend in backends for m in mutations])
 @EXAMPLES
-@given(args=topk_args())
-def test_topk_mask_refuses_bad_arguments(backend, mutation, args):
-    check_refused(ops.topk_mask, {"backend": backend, **args}, mutation)
-
-
-@pytest.mark.parametrize("mutation", ids(PREDICT_MUTATIONS))
-@pytest.mark.parametrize("backend", PREDICT_BACKENDS)
-@EXAMPLES
-@given(args=predict_args())
-def test_predict_pass_rates_refuses_bad_arguments(backend, mutation, args):
-    check_refused(ops.predict_pass_rates, {"backend": backend, **args}, mutation)
+@given(data=st.data())
+def test_backend_ops_refuse_bad_arguments(op, strategy, mutation, backend, data):
+    check_refused(op, {"backend": backend, **data.draw(strategy())}, mutation)
 
 
 @pytest.mark.parametrize("op,strategy,mutation", [
