@@ -300,10 +300,77 @@ def test_bad_inputs_raise_naming_the_argument():
         adapter(rewards, mask, index, prompt_index=rows + 20)  # past num_prompts
     with pytest.raises(ValueError, match=r"prompt_index: .* in \[0, 20\)"):
         adapter(rewards, mask, index, prompt_index=rows - 20)
-    same_row = np.where(index == index[0], rows[np.flatnonzero(index != index[0])[0]], rows)
-    with pytest.raises(ValueError, match="prompt_index: expected a distinct dataset row"):
-        adapter(rewards, mask, index, prompt_index=same_row)  # two groups, one dataset row
+    with pytest.raises(ValueError, match="prompt_index: expected integer dataset rows, got 0.7"):
+        adapter(rewards, mask, index, prompt_index=np.where(index == index[0], 0.7, rows))
+    with pytest.raises(ValueError, match="prompt_index: expected integer dataset rows"):
+        adapter(rewards, mask, index, prompt_index=np.array(["a"] * len(rows), dtype=object))
     assert int(adapter.selector.state.istate[:, SEEN].sum()) == 0  # no step ran
+
+
+def test_a_rejected_call_leaves_state_and_binding_unchanged():
+    """Bad rewards after bind_uids: ValueError, the selector state bit for bit as before and the
+    binding still there, so the corrected retry runs (and equals a run that never failed)."""
+    rewards, mask, index, rows = verl_batch(6, 4, seed=3)
+    adapter, twin = LZEAdvantage(30), LZEAdvantage(30)
+    for estimator in (adapter, twin):
+        estimator(rewards, mask, index, prompt_index=rows)  # some history
+    before = adapter.state_dict()["selector"]
+    rewards, mask, index, rows = verl_batch(6, 4, seed=4)
+    adapter.bind_uids(index, rows)
+    broken = rewards.clone()
+    broken[0, 0] = 3.0
+    with pytest.raises(ValueError, match="rewards"):
+        adapter(broken, mask, index)
+    after = adapter.state_dict()["selector"]
+    assert all(torch.equal(before[k], after[k]) for k in ("fstate", "istate", "step_counter"))
+    got, _ = adapter(rewards, mask, index)  # the binding was not used up
+    expected, _ = twin(rewards, mask, index, prompt_index=rows)
+    assert torch.equal(got, expected)
+    assert torch.equal(adapter.selector.state.fstate, twin.selector.state.fstate)
+
+
+def merged_rewards(scores, index, rows):
+    """[U, 2G] rewards of the distinct rows (first appearance), a row's groups side by side in
+    batch order, and their validity: a plain loop."""
+    uids = list(dict.fromkeys(index))
+    row_of = {uid: rows[list(index).index(uid)] for uid in uids}
+    distinct = list(dict.fromkeys(row_of[uid] for uid in uids))
+    cells = {row: [] for row in distinct}
+    for uid in uids:
+        cells[row_of[uid]] += [scores[i] for i in range(len(index)) if index[i] == uid]
+    width = max(len(v) for v in cells.values())
+    merged = torch.zeros(len(distinct), width)
+    valid = torch.zeros(len(distinct), width, dtype=torch.bool)
+    for r, row in enumerate(distinct):
+        merged[r, :len(cells[row])] = torch.stack(cells[row])
+        valid[r, :len(cells[row])] = True
+    return merged, valid, torch.tensor(distinct), row_of
+
+
+@pytest.mark.parametrize("grouped", [True, False])
+def test_a_repeated_row_is_one_observation_of_all_its_rollouts(grouped):
+    """Two uid groups of one dataset row (a batch across two sampler passes): one selector step
+    on the distinct rows, the repeated row's rollouts side by side (pass rate over all of them,
+    one state update); each group keeps verl's GRPO advantages of its own uid; both groups of the
+    row are kept or dropped together by its energy."""
+    config = LZEConfig(keep_ratio=0.5, noise_scale=0.05, seed=2)
+    rewards, mask, index, rows = verl_batch(8, 4, seed=7, grouped=grouped)
+    uids = list(dict.fromkeys(index))
+    first = {uid: rows[list(index).index(uid)] for uid in uids}
+    rows = np.array([first[uids[1]] if uid in (uids[1], uids[5]) else first[uid]
+                     for uid in index], dtype=object)  # groups 1 and 5 share a row
+    adapter = LZEAdvantage(40, config)
+    advantages, _ = adapter(rewards, mask, index, prompt_index=rows)
+    merged, valid, distinct, row_of = merged_rewards(rewards.sum(-1), index, rows)
+    oracle = LZESelector(40, config)
+    expected = oracle.step(merged, distinct, valid)
+    assert torch.equal(adapter.selector.state.fstate, oracle.state.fstate)
+    assert torch.equal(adapter.last.selection.keep, expected.keep_mask)
+    kept_rows = {int(r) for r, k in zip(distinct, expected.keep_mask) if k}
+    assert adapter.last.keep_mask.tolist() == [row_of[uid] in kept_rows for uid in index]
+    torch.testing.assert_close(advantages, verl_grpo_reference(rewards, mask, index)[0],
+                               rtol=0, atol=1e-6)
+    assert int(adapter.selector.state.istate[row_of[uids[1]], SEEN]) == 1
 
 
 # ----------------------------------------------------------------------------- registry

@@ -1,7 +1,10 @@
-"""The example launch script's overrides compose against the installed verl's own config, and the
-selection parts verl would build from them come up (runs where verl is installed)."""
+"""The example launch script's overrides and the quick start in docs/verl.md compose against the
+installed verl's own config, and the selection parts verl would build from them come up (runs
+where verl is installed)."""
 
 import os
+import re
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -14,7 +17,9 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 from lze_kernels.integrations.verl import checkpoint  # noqa: E402
 from lze_kernels.integrations.verl.replay_buffer import LZEReplayBuffer  # noqa: E402
 
-SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "verl" / "run_lze_grpo.sh"
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "examples" / "verl" / "run_lze_grpo.sh"
+DOCS = ROOT / "docs" / "verl.md"
 
 
 def script_overrides(**env):
@@ -25,24 +30,61 @@ def script_overrides(**env):
     return [line for line in out.stdout.split("\n") if line]
 
 
-@pytest.mark.parametrize("forward", ["", "greso"])
-def test_example_script_composes_and_builds_the_buffer(forward):
+def quick_start_overrides():
+    """The hydra overrides of the quick start block in docs/verl.md."""
+    block = re.search(r"<!-- verl quick start: begin -->\n```bash\n(.*?)```", DOCS.read_text(),
+                      re.S).group(1)
+    words = shlex.split(block.replace("\\\n", " "))
+    assert words[:3] == ["python3", "-m", "verl.trainer.main_ppo"]
+    return words[3:]
+
+
+def composed(overrides):
     import verl.trainer.main_ppo as main_ppo
 
     config_dir = os.path.join(os.path.dirname(main_ppo.__file__), "config")
     with initialize_config_dir(config_dir=config_dir, version_base=None):
-        config = compose(config_name="ppo_trainer", overrides=script_overrides(FORWARD=forward))
-    assert config.trainer.use_v1 and config.trainer.v1.trainer_mode == "sync"
+        return compose(config_name="ppo_trainer", overrides=overrides)
+
+
+def built_buffer(config):
+    """What verl's PPOTrainer._build_replay_buffer passes to a custom sampler."""
     sampler = config.trainer.v1.sampler
     assert sampler.custom_sampler.name == LZEReplayBuffer.__name__
-    # What verl's PPOTrainer._build_replay_buffer passes to a custom sampler.
-    buffer = LZEReplayBuffer(trainer_mode="sync", trainer_config=config.trainer.v1.sync,
-                             max_off_policy_threshold=sampler.max_off_policy_threshold,
-                             max_off_policy_strategy=sampler.max_off_policy_strategy,
-                             sampler_kwargs=sampler.sampler_kwargs, refill_fn=lambda n: n)
-    assert buffer.selector.num_prompts == 7473 and buffer.keep_ratio == 0.5
-    assert (buffer.forward is not None) == bool(forward)
-    assert config.data.custom_cls.name == "LZERLHFDataset"
-    assert config.data.dataloader_num_workers == 0
-    checkpoint.unregister("replay_buffer")
-    checkpoint.unregister(checkpoint.FORWARD)
+    return LZEReplayBuffer(trainer_mode="sync", trainer_config=config.trainer.v1.sync,
+                           max_off_policy_threshold=sampler.max_off_policy_threshold,
+                           max_off_policy_strategy=sampler.max_off_policy_strategy,
+                           sampler_kwargs=sampler.sampler_kwargs, refill_fn=lambda n: n)
+
+
+@pytest.mark.parametrize("forward, mode", [("", "topk"), ("greso", "topk"), ("", "refill")])
+def test_example_script_composes_and_builds_the_buffer(forward, mode):
+    config = composed(script_overrides(FORWARD=forward, MODE=mode))
+    assert config.trainer.use_v1 and config.trainer.v1.trainer_mode == "sync"
+    try:
+        buffer = built_buffer(config)
+        assert buffer.selector.num_prompts == 7473 and buffer.keep_ratio == 0.5
+        assert buffer.mode == mode and (buffer.forward is not None) == bool(forward)
+        assert config.data.custom_cls.name == "LZERLHFDataset"
+        assert config.data.dataloader_num_workers == 0
+        assert (config.data.gen_batch_size == 1) == (mode == "refill")
+        # k = 64 of 128 groups, whole mini-batches: v1 adds no padding rows.
+        assert 64 % config.actor_rollout_ref.actor.ppo_mini_batch_size == 0
+    finally:
+        checkpoint.unregister("replay_buffer")
+        checkpoint.unregister(checkpoint.FORWARD)
+
+
+def test_docs_quick_start_composes_and_builds_the_buffer():
+    config = composed(quick_start_overrides())
+    assert config.trainer.use_v1 and config.algorithm.adv_estimator == "grpo"
+    try:
+        buffer = built_buffer(config)
+        assert buffer.mode == "topk" and buffer.policy == "lze"
+        assert buffer.selector.num_prompts == 7473 and buffer.keep_ratio == 0.5
+        assert config.data.custom_cls.name == "LZERLHFDataset"
+        assert config.data.dataloader_num_workers == 0
+        k = config.data.train_batch_size // 2
+        assert k % config.actor_rollout_ref.actor.ppo_mini_batch_size == 0
+    finally:
+        checkpoint.unregister("replay_buffer")

@@ -3,34 +3,39 @@
 Runs where verl is installed (``make test-verl``: verl 0.9.1 in .venv-verl); skipped elsewhere.
 verl's functions and classes run as they are: ``DataProto``, its registry
 (``register_adv_est`` / ``get_adv_estimator_fn``), ``ray_trainer.compute_advantage``, the
-trainer's ``_balance_batch`` and ``_get_gen_batch``, torchdata's ``StatefulDataLoader`` with
-verl's ``collate_fn``. The boundary on a CPU: the Ray worker groups (FSDP actor, vLLM rollout),
-so the trainer object is made without ``__init__`` and ``_balance_batch`` is told the
-data-parallel size the actor's worker group would report.
+trainer's ``_get_gen_batch``, ``_balance_batch``, ``_save_checkpoint`` and ``_load_checkpoint``,
+torchdata's ``StatefulDataLoader`` with verl's ``collate_fn``. The boundary on a CPU: the Ray
+worker groups (FSDP actor, vLLM rollout), so the trainer object is made without ``__init__``
+and told the data-parallel size the actor's worker group would report; its worker group saves
+and loads nothing. (``fit`` itself, with every stage's row count, is tests/test_verl_fit.py.)
 """
 
+import os
+import types
+from collections import Counter
 import uuid
 
 import numpy as np
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 pytest.importorskip("verl")
 
+from torch.utils.data import SequentialSampler  # noqa: E402
 from torchdata.stateful_dataloader import StatefulDataLoader  # noqa: E402
 from verl import DataProto  # noqa: E402
 from verl.trainer.config import AlgoConfig  # noqa: E402
 from verl.trainer.ppo import core_algos  # noqa: E402
-from verl.trainer.ppo.ray_trainer import compute_advantage  # noqa: E402
+from verl.trainer.ppo.ray_trainer import RayPPOTrainer, compute_advantage  # noqa: E402
 from verl.utils.dataset.rl_dataset import collate_fn  # noqa: E402
 
 from lze_kernels import LZEConfig, LZESelector  # noqa: E402
 from lze_kernels.greso import GresoConfig, GresoFilter  # noqa: E402
-from lze_kernels.integrations.verl import LZEAdvantage, checkpoint  # noqa: E402
-from lze_kernels.integrations.verl.checkpoint import LZERLHFDataset  # noqa: E402
+from lze_kernels.integrations.verl import LZEAdvantage  # noqa: E402
 from lze_kernels.integrations.verl.forward import ForwardSampler  # noqa: E402
-from lze_kernels.integrations.verl.legacy import (LZERayPPOTrainer,  # noqa: E402
-                                                  check_forward_setting)
+from lze_kernels.integrations.verl.legacy import (SELECTION_FILE,  # noqa: E402
+                                                  LZERayPPOTrainer, check_settings)
 
 GROUP, LENGTH = 4, 6
 CONFIG = LZEConfig(keep_ratio=0.5, noise_scale=0.0)
@@ -52,118 +57,232 @@ def registered():
         core_algos.ADV_ESTIMATOR_REGISTRY.pop(name, None)
 
 
-def fit_batch(pass_counts, rows, seed=0):
-    """A DataProto the way legacy ``fit`` holds it at ``compute_advantage``: fresh uuid4 uids
-    repeated per rollout (``repeat(interleave=True)``), the dataset row in ``index``, a binary
-    outcome reward on each response's last token, right-padded responses."""
-    g = torch.Generator().manual_seed(seed)
-    prompts = DataProto.from_dict(non_tensors={
-        "uid": np.array([str(uuid.uuid4()) for _ in rows], dtype=object),
-        "index": np.array(rows, dtype=object)})
-    batch = prompts.repeat(GROUP, interleave=True)
-    bs = len(batch)
-    lengths = torch.randint(1, LENGTH + 1, (bs,), generator=g)
-    mask = (torch.arange(LENGTH) < lengths[:, None]).long()
-    solved = torch.cat([torch.arange(GROUP) < c for c in pass_counts]).float()
-    rewards = torch.zeros(bs, LENGTH).scatter_(1, (lengths - 1)[:, None], solved[:, None])
-    batch.batch = DataProto.from_dict({
-        "token_level_rewards": rewards, "token_level_scores": rewards, "response_mask": mask,
-        "attention_mask": torch.cat([torch.ones(bs, 3, dtype=torch.long), mask], dim=1)}).batch
-    return batch
+class NoWorkers:
+    """The actor's worker group at the Ray boundary: its checkpoint files are not this test's."""
+
+    def save_checkpoint(self, *args, **kwargs):
+        pass
+
+    def load_checkpoint(self, *args, **kwargs):
+        pass
 
 
-def trainer_without_workers(dp_size=2, **attributes):
+def trainer_config(estimator="grpo", mini=2, batch=8, checkpoints="ckpt", balance=True):
+    """The parts of verl's trainer config the hooks and verl's checkpoint methods read."""
+    return OmegaConf.create({
+        "algorithm": {"adv_estimator": estimator, "norm_adv_by_std_in_grpo": True},
+        "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": mini,
+                                        "checkpoint": {"async_save": False}},
+                              "rollout": {"n": GROUP}},
+        "data": {"train_batch_size": batch},
+        "trainer": {"balance_batch": balance, "default_local_dir": str(checkpoints),
+                    "default_hdfs_dir": None, "resume_mode": "auto", "resume_from_path": None,
+                    "del_local_ckpt_after_load": False}})
+
+
+def trainer_without_workers(dp_size=2, dataloader=None, **config):
     """verl's trainer object up to its Ray boundary: no worker groups, the dp size given."""
     trainer = object.__new__(LZERayPPOTrainer)
+    trainer.config = trainer_config(**config)
+    trainer.train_dataloader = dataloader or types.SimpleNamespace(sampler=None, num_workers=0)
     trainer._get_dp_size = lambda worker_group, role: dp_size
-    trainer.actor_rollout_wg = None
+    trainer.actor_rollout_wg = NoWorkers()
+    trainer.use_critic = trainer.use_rm = False
     trainer._rows_by_uid = {}
-    for name, value in attributes.items():
-        setattr(trainer, name, value)
+    trainer.global_steps = 0
     return trainer
 
 
+def outcome_rewards(pass_counts, lengths):
+    """A binary outcome reward on each response's last token, the first c of a group right."""
+    solved = torch.cat([torch.arange(GROUP) < c for c in pass_counts]).float()
+    return torch.zeros(len(lengths), LENGTH).scatter_(1, (lengths - 1)[:, None], solved[:, None])
+
+
+def fit_batch(trainer, pass_counts, rows, seed=0, scored=True):
+    """A step's batch the way legacy ``fit`` holds it at ``_balance_batch``: fresh uuid4 uids
+    (``_get_gen_batch`` has run on the prompts and moved the dataset rows out), repeated per
+    rollout (``repeat(interleave=True)``), right-padded responses, the agent loop's rewards in
+    ``rm_scores``."""
+    prompts = DataProto.from_dict(
+        {"input_ids": torch.zeros(len(rows), 3, dtype=torch.long)},
+        non_tensors={"uid": np.array([str(uuid.uuid4()) for _ in rows], dtype=object),
+                     "index": np.array(rows, dtype=object),
+                     "raw_prompt": np.array([f"prompt {r}" for r in rows], dtype=object)})
+    trainer._get_gen_batch(prompts)
+    batch = prompts.repeat(GROUP, interleave=True)
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, LENGTH + 1, (len(batch),), generator=g)
+    mask = (torch.arange(LENGTH) < lengths[:, None]).long()
+    tensors = {"response_mask": mask,
+               "attention_mask": torch.cat([torch.ones(len(batch), 3, dtype=torch.long), mask],
+                                           dim=1)}
+    if scored:
+        tensors["rm_scores"] = outcome_rewards(pass_counts, lengths)
+    batch.batch = DataProto.from_dict(tensors).batch
+    return batch
+
+
+def rows_in(trainer, batch):
+    return sorted({trainer._rows_by_uid[uid] for uid in batch.non_tensor_batch["uid"]})
+
+
 def advantages(batch, estimator_name, norm=True):
+    batch.batch["token_level_rewards"] = batch.batch["rm_scores"]
     out = compute_advantage(batch, adv_estimator=estimator_name,
                             config=AlgoConfig(norm_adv_by_std_in_grpo=norm),
                             norm_adv_by_std_in_grpo=norm)
     return out.batch["advantages"]
 
 
-@pytest.mark.parametrize("norm", [True, False])
-@pytest.mark.parametrize("policy", ["lze", "dapo"])
-def test_selection_off_equals_verls_grpo_after_balance_batch(registered, policy, norm):
-    """Through verl's registry and compute_advantage, on a batch reordered by verl's own
-    _balance_batch: with selection off (zero_dropped=False) the advantages are verl's grpo."""
-    batch = fit_batch([0, 1, 2, 4, 3, 2], rows=[5, 0, 9, 2, 7, 3])
-    trainer_without_workers(dp_size=4)._balance_batch(batch, metrics={})
-    lze = LZEAdvantage(10, CONFIG, policy=policy)
-    name = registered(lze)
-    assert core_algos.get_adv_estimator_fn(name) is lze
-    expected = advantages(batch, "grpo", norm)
-    lze.bind_uids(batch.non_tensor_batch["uid"], batch.non_tensor_batch["index"])
-    torch.testing.assert_close(advantages(batch, name, norm), expected, rtol=0, atol=1e-6)
+def group_rewards(pass_counts):
+    return torch.stack([(torch.arange(GROUP) < c).float() for c in pass_counts])
 
 
-def test_kept_groups_are_the_selectors_pick(registered):
-    """zero_dropped=True: verl trains on the groups an independent LZESelector keeps on the same
-    rewards and rows, with verl's grpo advantages; the others get zero advantages."""
-    rows = [5, 0, 9, 2, 7, 3]
-    counts = [0, 1, 2, 4, 3, 2]
-    lze = LZEAdvantage(10, CONFIG, zero_dropped=True)
-    oracle = LZESelector(10, CONFIG)
-    name = registered(lze)
+# ----------------------------------------------------------------------------- dropping rows
+
+
+def test_the_kept_groups_alone_reach_the_update_as_plain_grpo(registered):
+    """Three steps through the hooks: after _balance_batch only the k = 4 of 8 groups an
+    independent LZESelector keeps remain (k x n = 16 rows go on to the log-prob passes and the
+    update), their tokens are the batch's tokens, and compute_advantage with the registered
+    estimator gives exactly verl's own grpo on that batch: plain GRPO on the kept groups."""
+    rows = [5, 0, 9, 2, 7, 3, 11, 6]
+    counts = [0, 1, 2, 4, 3, 2, 1, 3]
+    lze = LZEAdvantage(12, CONFIG)
+    trainer = trainer_without_workers(estimator=registered(lze))
+    oracle = LZESelector(12, CONFIG)
     for step in range(3):
-        batch = fit_batch(counts, rows, seed=step)
-        trainer_without_workers()._balance_batch(batch, metrics={})
-        lze.bind_uids(batch.non_tensor_batch["uid"], batch.non_tensor_batch["index"])
-        got = advantages(batch, name)
-        expected = oracle.step(torch.stack([torch.arange(GROUP) < c for c in counts]).float(),
-                               torch.tensor(rows))
-        kept_rows = {rows[i] for i in expected.kept_indices.tolist() if i >= 0}
-        response_rows = batch.non_tensor_batch["index"].astype(np.int64)
-        kept = torch.from_numpy(np.isin(response_rows, list(kept_rows)))
-        grpo = advantages(batch, "grpo")
-        torch.testing.assert_close(got[kept], grpo[kept], rtol=0, atol=1e-6)
-        assert not got[~kept].any()
-        assert len(kept_rows) == 3  # keep_ratio 0.5 of 6 groups
+        batch = fit_batch(trainer, counts, rows, seed=step)
+        metrics = {}
+        trainer._balance_batch(batch, metrics=metrics)
+        expected = oracle.step(group_rewards(counts), torch.tensor(rows))
+        kept = sorted(rows[i] for i in expected.kept_indices.tolist() if i >= 0)
+        assert rows_in(trainer, batch) == kept and len(kept) == 4
+        assert len(batch) == 4 * GROUP == metrics["lze/rows_past_reward"]
+        assert metrics["lze/groups_rolled_out"] == 8
+        got = advantages(batch, trainer.config.algorithm.adv_estimator)
+        torch.testing.assert_close(got, advantages(batch, "grpo"), rtol=0, atol=1e-6)
+        assert got.abs().sum() > 0
         counts = counts[1:] + counts[:1]  # the prompts' pass counts change between steps
 
 
-def test_get_gen_batch_binds_the_steps_rows(registered):
-    """The trainer's _get_gen_batch (verl's, wrapped) binds each uid to its dataset row: the
-    estimator then keys its state by row without being passed it."""
-    lze = LZEAdvantage(10, CONFIG)
-    trainer = trainer_without_workers(config=AlgoConfigHolder(registered(lze)))
-    rows = [4, 1, 8]
-    prompts = DataProto.from_dict(
-        {"input_ids": torch.zeros(3, 2, dtype=torch.long)},
-        non_tensors={"uid": np.array([str(uuid.uuid4()) for _ in rows], dtype=object),
-                     "index": np.array(rows, dtype=object),
-                     "raw_prompt": np.array(["a", "b", "c"], dtype=object)})
-    gen_batch = trainer._get_gen_batch(prompts)
-    assert "raw_prompt" in gen_batch.non_tensor_batch  # verl's own split ran
-    batch = prompts.repeat(GROUP, interleave=True)
-    batch.batch = fit_batch([1, 2, 3], rows).batch
-    lze(batch.batch["token_level_rewards"], batch.batch["response_mask"],
-        batch.non_tensor_batch["uid"])
-    assert lze.last.selection.prompt_ids.tolist() == rows
-    # A binding serves one call; uids verl never bound are refused, naming the hook.
-    with pytest.raises(ValueError, match="bind_uids"):
-        lze(batch.batch["token_level_rewards"], batch.batch["response_mask"],
-            batch.non_tensor_batch["uid"])
-    assert "index" not in prompts.non_tensor_batch  # verl's _get_gen_batch moved it out
-    trainer.bind_rows(gen_batch)
-    with pytest.raises(ValueError, match="not bound by bind_uids"):
-        lze(batch.batch["token_level_rewards"], batch.batch["response_mask"],
-            np.array([str(uuid.uuid4())] * len(batch), dtype=object))
+def test_the_cut_batch_holds_the_kept_groups_whole(registered):
+    """Rows leave the batch as whole groups, each kept response with the fields it had."""
+    trainer = trainer_without_workers(estimator=registered(LZEAdvantage(12, CONFIG)))
+    batch = fit_batch(trainer, [0, 1, 2, 4, 3, 2, 1, 3], [5, 0, 9, 2, 7, 3, 11, 6])
+
+    def responses(b):
+        return Counter((uid, tuple(b.batch["rm_scores"][i].tolist()),
+                        tuple(b.batch["attention_mask"][i].tolist()))
+                       for i, uid in enumerate(b.non_tensor_batch["uid"]))
+
+    before = responses(batch)
+    trainer._balance_batch(batch, metrics={})
+    after = responses(batch)
+    assert not after - before and after.total() == len(batch)
+    _, sizes = np.unique(batch.non_tensor_batch["uid"], return_counts=True)
+    assert sizes.tolist() == [GROUP] * 4
 
 
-class AlgoConfigHolder:
-    """The part of verl's trainer config the hooks read."""
+def test_fewer_groups_with_energy_than_k_are_filled_by_the_next_ones(registered):
+    """Two of eight groups have mixed rewards (energy > 0); k = 4 are kept: those two, then the
+    next groups by energy (all zero: batch order). Their advantages are zero, as plain GRPO on
+    the same four groups gives them."""
+    rows = [5, 0, 9, 2, 7, 3, 11, 6]
+    counts = [4, 0, 2, 4, 0, 1, 4, 0]
+    trainer = trainer_without_workers(estimator=registered(LZEAdvantage(12, CONFIG)))
+    batch = fit_batch(trainer, counts, rows)
+    trainer._balance_batch(batch, metrics={})
+    assert rows_in(trainer, batch) == sorted([9, 3, 5, 0])
+    got = advantages(batch, trainer.config.algorithm.adv_estimator)
+    torch.testing.assert_close(got, advantages(batch, "grpo"), rtol=0, atol=1e-6)
 
-    def __init__(self, estimator_name):
-        self.algorithm = AlgoConfig(adv_estimator=estimator_name)
+
+@pytest.mark.parametrize("mini, dp, kept", [(1, 1, 4), (3, 1, 3), (2, 8, 4), (1, 6, 3)])
+def test_k_is_the_largest_multiple_verl_can_split(registered, mini, dp, kept):
+    """k = the largest multiple of lcm(ppo_mini_batch_size, dp / gcd(dp, n)) not above
+    floor(B x keep_ratio) = 4 (n = 4)."""
+    trainer = trainer_without_workers(dp_size=dp, mini=mini,
+                                      estimator=registered(LZEAdvantage(12, CONFIG)))
+    batch = fit_batch(trainer, [0, 1, 2, 4, 3, 2, 1, 3], [5, 0, 9, 2, 7, 3, 11, 6])
+    trainer._balance_batch(batch, metrics={})
+    assert len(batch) == kept * GROUP and len(batch) % dp == 0
+
+
+def test_a_k_verl_cannot_split_is_refused_naming_both_numbers(registered):
+    lze = LZEAdvantage(12, CONFIG)
+    trainer = trainer_without_workers(dp_size=2, mini=5, estimator=registered(lze))
+    with pytest.raises(ValueError, match=r"ppo_mini_batch_size \(5\).*data-parallel size \(2\)"):
+        trainer.groups_to_keep(8, lze, 0)
+
+
+def test_dapo_keeps_the_mixed_groups_filled_to_a_multiple(registered):
+    """DAPO keeps the 3 groups with unequal rewards, filled to 4 (a multiple of 2)."""
+    trainer = trainer_without_workers(estimator=registered(LZEAdvantage(policy="dapo")))
+    batch = fit_batch(trainer, [4, 1, 0, 2, 4, 3, 0, 0], [5, 0, 9, 2, 7, 3, 11, 6])
+    trainer._balance_batch(batch, metrics={})
+    assert rows_in(trainer, batch) == sorted([0, 2, 3, 5])
+
+
+def test_a_colocated_reward_model_scores_before_the_selection(registered):
+    """With a colocated reward model the batch reaches _balance_batch unscored: the hook scores
+    it there (fit then finds rm_scores and does not score again); without one it is refused."""
+    trainer = trainer_without_workers(estimator=registered(LZEAdvantage(12, CONFIG)))
+    counts = [0, 1, 2, 4, 3, 2, 1, 3]
+    batch = fit_batch(trainer, counts, [5, 0, 9, 2, 7, 3, 11, 6], scored=False)
+    with pytest.raises(ValueError, match="rm_scores"):
+        trainer._balance_batch(batch, metrics={})
+    calls = []
+
+    def reward_model(unscored):
+        calls.append(len(unscored))
+        lengths = unscored.batch["response_mask"].sum(-1)
+        return DataProto.from_dict({"rm_scores": outcome_rewards(counts, lengths)})
+
+    trainer.use_rm, trainer._compute_reward_colocate = True, reward_model
+    trainer._balance_batch(batch, metrics={})
+    assert calls == [8 * GROUP] and len(batch) == 4 * GROUP and "rm_scores" in batch.batch.keys()
+
+
+def test_compute_advantage_refuses_a_group_the_selection_dropped(registered):
+    lze = LZEAdvantage(12, CONFIG)
+    trainer = trainer_without_workers(estimator=registered(lze))
+    batch = fit_batch(trainer, [0, 1, 2, 4, 3, 2, 1, 3], [5, 0, 9, 2, 7, 3, 11, 6])
+    full = batch.select_idxs(np.arange(len(batch)))
+    trainer._balance_batch(batch, metrics={})
+    with pytest.raises(ValueError, match="dropped"):
+        advantages(full, trainer.config.algorithm.adv_estimator)
+
+
+def test_settings_that_break_the_selection_are_refused(registered):
+    lze = LZEAdvantage(12, CONFIG)
+    loader = types.SimpleNamespace(sampler=None, num_workers=0)
+    with pytest.raises(ValueError, match="trainer.balance_batch"):
+        check_settings(trainer_config(balance=False), loader, lze)
+    check_settings(trainer_config(balance=False), loader, None)  # nothing to select
+    sampler = ForwardSampler(12, 4, "pruner", selector=LZESelector(12, CONFIG))
+    with pytest.raises(ValueError, match="dataloader_num_workers"):
+        check_settings(trainer_config(), types.SimpleNamespace(sampler=sampler, num_workers=2),
+                       lze)
+    with pytest.raises(ValueError, match="train_sampler: the pruner"):
+        check_settings(trainer_config(), types.SimpleNamespace(sampler=sampler, num_workers=0),
+                       lze)
+
+
+def test_selection_off_equals_verls_grpo_after_balance_batch(registered):
+    """The estimator called on a whole batch that verl's own _balance_batch reordered, with
+    selection off (zero_dropped=False): verl's grpo."""
+    trainer = trainer_without_workers(dp_size=4)
+    batch = fit_batch(trainer, [0, 1, 2, 4, 3, 2], [5, 0, 9, 2, 7, 3])
+    RayPPOTrainer._balance_batch(trainer, batch, metrics={})
+    for policy in ("lze", "dapo"):
+        lze = LZEAdvantage(10, CONFIG, policy=policy)
+        name = registered(lze)
+        lze.bind_uids(batch.non_tensor_batch["uid"],
+                      [trainer._rows_by_uid[u] for u in batch.non_tensor_batch["uid"]])
+        torch.testing.assert_close(advantages(batch, name), advantages(batch, "grpo"),
+                                   rtol=0, atol=1e-6)
 
 
 # ----------------------------------------------------------------------------- forward sampler
@@ -171,11 +290,11 @@ class AlgoConfigHolder:
 NUM_PROMPTS, BATCH = 12, 4
 
 
-def loader(sampler, num_workers=0):
+def loader(sampler, num_workers=0, num_prompts=NUM_PROMPTS, batch=BATCH):
     """verl's legacy train dataloader: StatefulDataLoader, verl's collate_fn, the sampler given
     as ``train_sampler``, batches of train_batch_size, drop_last."""
-    dataset = [{"index": i, "input_ids": torch.tensor([i])} for i in range(NUM_PROMPTS)]
-    return StatefulDataLoader(dataset, batch_size=BATCH, sampler=sampler, drop_last=True,
+    dataset = [{"index": i, "input_ids": torch.tensor([i])} for i in range(num_prompts)]
+    return StatefulDataLoader(dataset, batch_size=batch, sampler=sampler, drop_last=True,
                               collate_fn=collate_fn, num_workers=num_workers)
 
 
@@ -183,9 +302,8 @@ def rows_of(batch_dict):
     return [int(i) for i in batch_dict["index"]]
 
 
-def group_rewards(rows, pass_rate):
-    return torch.stack([(torch.arange(GROUP) < round(pass_rate[r] * GROUP)).float()
-                        for r in rows])
+def counts_of(rows, pass_rate):
+    return [round(pass_rate[r] * GROUP) for r in rows]
 
 
 def test_pruner_skips_the_pruned_prompts():
@@ -200,8 +318,8 @@ def test_pruner_skips_the_pruned_prompts():
     for _ in range(2):  # two passes, every prompt observed once per pass
         for batch in data:
             rows = rows_of(batch)
-            selector.step(group_rewards(rows, pass_rate), torch.tensor(rows))
-            sampler.observe(torch.tensor(rows), group_rewards(rows, pass_rate))
+            selector.step(group_rewards(counts_of(rows, pass_rate)), torch.tensor(rows))
+            sampler.observe(torch.tensor(rows), group_rewards(counts_of(rows, pass_rate)))
     assert set(torch.nonzero(selector.rollout_mask(torch.arange(NUM_PROMPTS)) == 0)
                .view(-1).tolist()) == solved
     third = [row for batch in data for row in rows_of(batch)]
@@ -237,125 +355,188 @@ def test_dots_favours_prompts_predicted_near_half():
     it = iter(data)
     first = rows_of(next(it))
     rates = {first[0]: 0.0, first[1]: 1.0, first[2]: 0.5, first[3]: 1.0}
-    sampler.observe(torch.tensor(first), group_rewards(first, rates))
+    sampler.observe(torch.tensor(first), group_rewards(counts_of(first, rates)))
     second = rows_of(next(it))
     assert second[0] == first[2]
     assert not {first[0], first[1], first[3]} & set(second)
 
 
-@pytest.mark.parametrize("method", ["pruner", "greso", "dots"])
-def test_resume_mid_epoch_continues_the_same_sequence(method):
-    """verl saves train_dataloader.state_dict() in data.pt; a fresh dataloader and sampler that
-    load it mid-epoch yield the same batches as the run that went on."""
-    rates = {r: (r % 5) / 4 for r in range(NUM_PROMPTS)}
-
-    def make():
-        selector = LZESelector(NUM_PROMPTS, LZEConfig(prune_after=1, replay_ratio=0.5))
-        greso = GresoFilter(NUM_PROMPTS, GresoConfig(seed=2))
-        sampler = ForwardSampler(NUM_PROMPTS, BATCH, method, seed=5, selector=selector,
-                                 greso=greso, embeddings=torch.randn(
-                                     NUM_PROMPTS, 8, generator=torch.Generator().manual_seed(0)))
-        return sampler, selector
-
-    def run(sampler, selector, data, steps):
-        out, it = [], iter(data)
-        for _ in range(steps):
-            try:
-                rows = rows_of(next(it))
-            except StopIteration:
-                it = iter(data)
-                rows = rows_of(next(it))
-            rewards = group_rewards(rows, rates)
-            selector.step(rewards, torch.tensor(rows))
-            sampler.observe(torch.tensor(rows), rewards)
-            out.append(rows)
-        return out
-
-    sampler, selector = make()
-    data = loader(sampler)
-    run(sampler, selector, data, 4)  # mid-way through the second dataloader epoch
-    saved = (data.state_dict(), selector.state_dict())
-    expected = run(sampler, selector, data, 5)
-    sampler2, selector2 = make()
-    data2 = loader(sampler2)
-    data2.load_state_dict(saved[0])
-    selector2.load_state_dict(saved[1])
-    assert run(sampler2, selector2, data2, 5) == expected
-
-
-def test_dataloader_workers_are_refused():
-    sampler = ForwardSampler(NUM_PROMPTS, BATCH, "dots", embeddings=torch.eye(NUM_PROMPTS))
-    with pytest.raises(ValueError, match="dataloader_num_workers"):
-        check_forward_setting(loader(sampler, num_workers=2))
-    check_forward_setting(loader(sampler))
-
-
-def test_observe_rewards_feeds_the_sampler_from_verls_batch():
-    """The trainer's _update_actor hook: the step's groups reach the sampler keyed by the rows
-    _get_gen_batch bound (here GRESO's streaks move for exactly those rows)."""
+def test_the_hook_feeds_the_sampler_every_group_generated(registered):
+    """_balance_batch gives the forward sampler all eight groups (GRESO's streaks move for the
+    rows of all-right or all-wrong groups), before LZE drops four of them."""
     greso = GresoFilter(NUM_PROMPTS)
     sampler = ForwardSampler(NUM_PROMPTS, BATCH, "greso", greso=greso)
-    trainer = trainer_without_workers(train_dataloader=loader(sampler),
-                                      config=AlgoConfigHolder("grpo"))
-    rows = [3, 9, 0]
-    batch = fit_batch([4, 0, 2], rows)
-    trainer.bind_rows(batch)
+    trainer = trainer_without_workers(dataloader=loader(sampler),
+                                      estimator=registered(LZEAdvantage(NUM_PROMPTS, CONFIG)))
+    rows = [3, 9, 0, 1, 4, 5, 6, 7]
+    batch = fit_batch(trainer, [4, 0, 2, 1, 3, 4, 2, 0], rows)
     trainer._balance_batch(batch, metrics={})
-    trainer.observe_rewards(batch)
-    assert greso.streak.tolist() == [0 if r not in (3, 9) else 1 for r in range(NUM_PROMPTS)]
+    assert len(batch) == 4 * GROUP
+    streaked = {3, 9, 5, 7}
+    assert greso.streak.tolist() == [int(r in streaked) for r in range(NUM_PROMPTS)]
     assert greso.kind[3] == 1 and greso.kind[9] == 2
 
 
-# ----------------------------------------------------------------------------- checkpoint
+@pytest.mark.parametrize("method", ["pruner", "greso", "dots"])
+def test_observe_refuses_bad_rows_and_leaves_the_state(method):
+    """Row -1 (which would write the last row), row N (a bare IndexError), fractional ids and
+    rewards out of [0, 1]: ValueError naming the argument, the sampler's state unchanged."""
+    sampler = ForwardSampler(NUM_PROMPTS, BATCH, method, selector=LZESelector(NUM_PROMPTS),
+                             greso=GresoFilter(NUM_PROMPTS), embeddings=torch.eye(NUM_PROMPTS))
+    sampler.observe(torch.tensor([1, 2]), group_rewards([1, 3]))
+    before = sampler.state_dict()
+    for rows, rewards, name in [([-1, 2], group_rewards([1, 3]), "prompt_ids"),
+                                ([1, NUM_PROMPTS], group_rewards([1, 3]), "prompt_ids"),
+                                (torch.tensor([0.7, 2.0]), group_rewards([1, 3]), "prompt_ids"),
+                                ([1, 2], group_rewards([1, 3]) * 2, "rewards"),
+                                ([1, 2], group_rewards([1])[:1], "rewards")]:
+        ids = rows if isinstance(rows, torch.Tensor) else torch.tensor(rows)
+        with pytest.raises(ValueError, match=name):
+            sampler.observe(ids, rewards)
+    assert same_state(sampler.state_dict(), before)
 
 
-def rlhf_dataset_rows(n):
-    """verl's RLHFDataset subclass up to its tokenizer (the state path needs no item)."""
-    dataset = object.__new__(LZERLHFDataset)
-    dataset.dataframe = list(range(n))
-    return dataset
+def same_state(a, b) -> bool:
+    """Equal state dicts, tensors bit for bit (NaN equal to NaN: DOTS's unseen labels)."""
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same_state(a[k], b[k]) for k in a)
+    if isinstance(a, torch.Tensor):
+        return (a.dtype == b.dtype and a.shape == b.shape
+                and bool(((a == b) | (a.isnan() & b.isnan()) if a.is_floating_point()
+                          else a == b).all()))
+    return a == b
 
 
-def test_estimator_state_resumes_from_verls_data_pt(tmp_path, registered):
-    """The estimator's selector state goes where verl's _save_checkpoint puts the dataloader
-    (torch.save(train_dataloader.state_dict(), data.pt)) and comes back, as in _load_checkpoint,
-    when the next iterator is made: the resumed estimator then selects exactly as the original."""
-    rows = [5, 0, 9, 2, 7, 3]
-    lze = LZEAdvantage(10, LZEConfig(keep_ratio=0.5, noise_scale=0.1, seed=4))
-    checkpoint.register("estimator", lze)
-    data = StatefulDataLoader(rlhf_dataset_rows(10), batch_size=2, drop_last=True)
-    for step in range(2):
-        batch = fit_batch([0, 1, 2, 4, 3, 2], rows, seed=step)
-        lze.bind_uids(batch.non_tensor_batch["uid"], batch.non_tensor_batch["index"])
-        lze(batch.batch["token_level_rewards"], batch.batch["response_mask"],
-            batch.non_tensor_batch["uid"])
-    torch.save(data.state_dict(), tmp_path / "data.pt")
-    batch = fit_batch([1, 1, 3, 0, 2, 4], rows, seed=9)
-    expected = lze.compute(batch.batch["token_level_rewards"], batch.batch["response_mask"],
-                           batch.non_tensor_batch["uid"],
-                           prompt_index=batch.non_tensor_batch["index"]).keep_mask
-
-    checkpoint.unregister("estimator")  # a resumed run is a fresh process
-    resumed = LZEAdvantage(10, LZEConfig(keep_ratio=0.5, noise_scale=0.1, seed=4))
-    checkpoint.register("estimator", resumed)
-    data = StatefulDataLoader(rlhf_dataset_rows(10), batch_size=2, drop_last=True)
-    data.load_state_dict(torch.load(tmp_path / "data.pt", weights_only=False))
-    iter(data)  # verl's fit makes the iterator: torchdata restores the dataset state
-    got = resumed.compute(batch.batch["token_level_rewards"], batch.batch["response_mask"],
-                          batch.non_tensor_batch["uid"],
-                          prompt_index=batch.non_tensor_batch["index"]).keep_mask
-    assert torch.equal(got, expected)
-    checkpoint.unregister("estimator")
-    fresh = LZEAdvantage(10, LZEConfig(keep_ratio=0.5, noise_scale=0.1, seed=4))
-    assert not torch.equal(fresh.compute(batch.batch["token_level_rewards"],
-                                         batch.batch["response_mask"],
-                                         batch.non_tensor_batch["uid"],
-                                         prompt_index=batch.non_tensor_batch["index"]).keep_mask,
-                           expected)
+# ----------------------------------------------------------------------------- repeated rows
 
 
-def test_dataset_refuses_dataloader_workers():
-    dataset = rlhf_dataset_rows(4)
-    data = StatefulDataLoader(dataset, batch_size=2, num_workers=1)
-    with pytest.raises(RuntimeError, match="dataloader_num_workers"):
-        next(iter(data))
+def run_legacy(trainer, data, steps, pass_rate, start_step=0, record=None, save_at=None,
+               balance=True):
+    """Drive the hooks as legacy fit does, epoch by epoch over verl's dataloader: per step the
+    prompts' rewards by their fixed pass rates, _balance_batch (``balance=False``: the
+    selection alone, without verl's own balancing after it), and verl's _save_checkpoint at
+    ``save_at``. Records (rows drawn, rows kept) per step."""
+    record = [] if record is None else record
+    step = start_step
+    while step < steps:
+        for batch_dict in data:
+            step += 1
+            trainer.global_steps = step
+            rows = rows_of(batch_dict)
+            batch = fit_batch(trainer, counts_of(rows, pass_rate), rows, seed=step)
+            if balance:
+                trainer._balance_batch(batch, metrics={})
+            else:
+                trainer.select_rows(batch, metrics={})
+            record.append((rows, rows_in(trainer, batch)))
+            if step == save_at:
+                trainer._save_checkpoint()
+            if step == steps:
+                break
+    return record
+
+
+def forward_parts(method, num_prompts, batch, seed, config):
+    selector_lze = LZEAdvantage(num_prompts, config)
+    sampler = ForwardSampler(num_prompts, batch, method, seed=seed, selector=selector_lze.selector,
+                             greso=GresoFilter(num_prompts, GresoConfig(seed=seed)),
+                             embeddings=torch.randn(num_prompts, 8, generator=torch.Generator()
+                                                    .manual_seed(seed)))
+    return selector_lze, sampler
+
+
+@pytest.mark.parametrize("method", ["pruner", "greso", "dots"])
+def test_small_data_over_many_passes_never_stops(registered, method):
+    """The README's pruner set-up on small data (most prompts solved, so pruned after two
+    passes, and batches span passes and repeat rows), GRESO and DOTS likewise: ten seeds,
+    30 steps each through the hooks, no error; repeated rows occur and are kept whole."""
+    pass_rate = {r: 1.0 if r % 3 else 0.5 for r in range(NUM_PROMPTS)}
+    config = LZEConfig(keep_ratio=0.5, prune_after=2, replay_ratio=0.1, seed=1)
+    repeats = 0
+    for seed in range(10):
+        lze, sampler = forward_parts(method, NUM_PROMPTS, BATCH, seed, config)
+        trainer = trainer_without_workers(dataloader=loader(sampler), mini=1, batch=BATCH,
+                                          estimator=registered(lze))
+        for drawn, kept in run_legacy(trainer, loader(sampler), 30, pass_rate):
+            repeats += len(drawn) != len(set(drawn))
+            assert set(kept) <= set(drawn)
+    if method != "dots":  # DOTS draws each batch without replacement
+        assert repeats > 0
+
+
+@pytest.mark.slow
+def test_readme_scale_three_passes_twenty_seeds_never_stops(registered):
+    """N = 7,473, B = 128 (the README's GSM8K set-up), the forward pruner's permutation: its
+    batch 59 spans the first and second pass, and for 20 sampler seeds over 3 passes every step
+    runs; the seeds whose batch repeats a row are the expected share (1 - exp(-49 x 79 / 7,473)
+    ~ 0.40 of them)."""
+    num_prompts, batch = 7473, 128
+    pass_rate = {r: (r % 5) / 4 for r in range(num_prompts)}
+    config = LZEConfig(keep_ratio=0.5, seed=0)
+    seeds_with_repeats = 0
+    for seed in range(20):
+        lze, sampler = forward_parts("pruner", num_prompts, batch, seed, config)
+        trainer = trainer_without_workers(dataloader=loader(sampler, num_prompts=num_prompts,
+                                                            batch=batch),
+                                          mini=16, batch=batch, estimator=registered(lze))
+        steps = 3 * num_prompts // batch
+        record = run_legacy(trainer, trainer.train_dataloader, steps, pass_rate, balance=False)
+        assert len(record) == steps and all(len(kept) <= 64 for _, kept in record)
+        seeds_with_repeats += any(len(d) != len(set(d)) for d, _ in record)
+    assert 3 <= seeds_with_repeats <= 16
+
+
+# ----------------------------------------------------------------------------- resume
+
+
+def resume_parts(method, tmp_path, registered, name=None):
+    """A fresh process's selection parts, trainer and dataloader (the same seeds)."""
+    config = LZEConfig(keep_ratio=0.5, noise_scale=0.1, seed=4, prune_after=1, replay_ratio=0.5)
+    lze = LZEAdvantage(NUM_PROMPTS, config)
+    if method == "estimator":
+        sampler = SequentialSampler(range(NUM_PROMPTS))
+    else:
+        _, sampler = forward_parts(method, NUM_PROMPTS, BATCH, 5, config)
+        sampler.selector = lze.selector
+    if name is None:
+        name = registered(lze)
+    else:
+        core_algos.ADV_ESTIMATOR_REGISTRY[name] = lze  # the resumed process registers anew
+    data = loader(sampler)
+    trainer = trainer_without_workers(dataloader=data, mini=1, batch=BATCH, estimator=name,
+                                      checkpoints=tmp_path)
+    return trainer, data, lze
+
+
+@pytest.mark.parametrize("method", ["estimator", "pruner", "greso", "dots"])
+@pytest.mark.parametrize("save_at", [3, 5])  # an epoch boundary (3 steps per epoch), mid-epoch
+def test_resume_continues_the_identical_selections(tmp_path, registered, method, save_at):
+    """verl's own _save_checkpoint at step ``save_at``, then a fresh trainer's verl
+    _load_checkpoint: at an epoch boundary verl skips data.pt, and the selection state comes
+    back from lze_selection.pt; either way the resumed run draws and keeps exactly what the
+    uninterrupted run does."""
+    pass_rate = {r: (r % 5) / 4 for r in range(NUM_PROMPTS)}
+    trainer, data, lze = resume_parts(method, tmp_path, registered)
+    record = run_legacy(trainer, data, 9, pass_rate, save_at=save_at)
+    assert os.path.exists(tmp_path / f"global_step_{save_at}" / SELECTION_FILE)
+
+    name = trainer.config.algorithm.adv_estimator
+    resumed, data2, lze2 = resume_parts(method, tmp_path, registered, name=name)
+    resumed._load_checkpoint()
+    assert resumed.global_steps == save_at
+    saved = torch.load(tmp_path / f"global_step_{save_at}" / SELECTION_FILE, weights_only=True)
+    assert torch.equal(lze2.selector.state.step_counter,
+                       saved["estimator"]["selector"]["step_counter"])
+    assert int(lze2.selector.state.step_counter[0]) == save_at  # not back at 0
+    rest = run_legacy(resumed, data2, 9, pass_rate, start_step=save_at)
+    assert rest == record[save_at:]
+
+
+def test_a_checkpoint_without_the_selection_file_is_refused(tmp_path, registered):
+    trainer, data, _ = resume_parts("greso", tmp_path, registered)
+    run_legacy(trainer, data, 3, {r: 0.5 for r in range(NUM_PROMPTS)}, save_at=3)
+    os.remove(tmp_path / "global_step_3" / SELECTION_FILE)
+    resumed, _, _ = resume_parts("greso", tmp_path, registered,
+                                 name=trainer.config.algorithm.adv_estimator)
+    with pytest.raises(ValueError, match=SELECTION_FILE):
+        resumed._load_checkpoint()

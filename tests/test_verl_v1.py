@@ -11,8 +11,10 @@ TransferQueue itself, with the keys, tags and fields ``AgentLoopWorkerTQ`` write
 dataloader, rolled out to groups of known rewards).
 """
 
+import types
 import uuid
 
+import numpy as np
 import pytest
 import torch
 
@@ -24,11 +26,14 @@ from omegaconf import OmegaConf  # noqa: E402
 from verl.utils.tensordict_utils import list_of_dict_to_tensordict  # noqa: E402
 
 from lze_kernels import LZEConfig, LZESelector  # noqa: E402
+from lze_kernels.config import num_keep  # noqa: E402
 from lze_kernels.integrations.verl import checkpoint  # noqa: E402
 from lze_kernels.integrations.verl.checkpoint import LZERLHFDataset  # noqa: E402
 from lze_kernels.integrations.verl.replay_buffer import LZEReplayBuffer  # noqa: E402
+from lze_kernels.integrations.verl.rows import select_on_rows  # noqa: E402
 from torchdata.stateful_dataloader import StatefulDataLoader  # noqa: E402
 from verl.trainer.ppo.utils import create_rl_sampler  # noqa: E402
+from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync  # noqa: E402
 from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn  # noqa: E402
 
 GROUP, NUM_PROMPTS = 4, 16
@@ -101,13 +106,72 @@ def rewards_of(rows):
     return torch.stack([(torch.arange(GROUP) < PASS_COUNT[r]).float() for r in rows])
 
 
-def test_lze_batch_holds_the_selectors_pick(transfer_queue):
-    """K = 4 groups at keep_ratio 0.5: the buffer rolls out 4 more through verl's refill, verl's
-    sample materialises all 8, and the batch holds exactly the 4 groups an independent
-    LZESelector keeps on the same rows and rewards; the others leave TransferQueue."""
+def test_topk_updates_on_the_top_k_of_the_k_prompts_rolled_out(transfer_queue):
+    """mode=topk (the default), K = 8 prompts at keep_ratio 0.5: no refill, verl's sample
+    materialises the 8 groups, and the batch holds exactly the k = 4 an independent LZESelector
+    keeps on the same rows and rewards; the others leave TransferQueue."""
+    config = {"keep_ratio": 0.5, "noise_scale": 0.0}
+    rows = [0, 1, 2, 5, 6, 7, 10, 11]
+    rollouts = Rollouts(order=list(rows))
+    rb = buffer(rollouts, lze=config)
+    rollouts.dispatch(8)  # the trainer's prepare_step
+    batch, metrics = rb.sample(global_steps=1, partition_id="train", batch_size=8)
+    assert rollouts.refills == []
+    oracle = LZESelector(NUM_PROMPTS, LZEConfig(**config)).step(rewards_of(rows),
+                                                                   torch.tensor(rows))
+    assert batch_rows(batch) == sorted(rows[i] for i in oracle.kept_indices.tolist() if i >= 0)
+    assert len(batch.keys) == 4 * GROUP
+    assert sorted(tq.kv_list("train")["train"]) == sorted(batch.keys)  # the rest cleared
+    assert metrics["lze/kept_groups"] == 4 and metrics["lze/groups_rolled_out"] == 8
+    clear_train_partition()
+
+
+def test_topk_hands_over_only_groups_with_energy(transfer_queue):
+    """Rows 3 and 4 are all wrong / all right (energy 0): of K = 4 with k = 3, the two mixed
+    groups go to the update (v1 pads the batch), not a zero-energy one; a batch with no mixed
+    group hands over its first group so that verl's step has a batch."""
+    rollouts = Rollouts(order=[3, 1, 4, 2, 3, 4, 8, 9])
+    rb = buffer(rollouts, lze={"keep_ratio": 0.75, "noise_scale": 0.0})
+    rollouts.dispatch(4)
+    batch, metrics = rb.sample(global_steps=1, partition_id="train", batch_size=4)
+    assert batch_rows(batch) == [1, 2] and metrics["lze/kept_groups"] == 2
+    clear_train_partition()
+    rollouts.step = 2
+    rollouts.dispatch(4)
+    batch, _ = rb.sample(global_steps=2, partition_id="train", batch_size=4)
+    assert batch_rows(batch) == [3]
+    clear_train_partition()
+
+
+def test_a_repeated_row_in_one_round_is_one_observation(transfer_queue):
+    """verl's dataloader restarts its sampler between single-prompt fetches, so one round can
+    hold a row twice: no error; the selector steps once on the distinct rows, the repeated
+    row's rollouts side by side, and both its groups share its fate."""
+    config = {"keep_ratio": 0.5, "noise_scale": 0.0}
+    rows = [1, 2, 7, 1]  # energies: row 1 the highest (pass rate 1/2), rows 2 and 7 tie
+    rollouts = Rollouts(order=list(rows))
+    rb = buffer(rollouts, lze=config)
+    rollouts.dispatch(4)
+    batch, _ = rb.sample(global_steps=1, partition_id="train", batch_size=4)
+    merged = torch.cat([rewards_of([1, 2, 7]),
+                        torch.cat([rewards_of([1]), torch.zeros(2, GROUP)])], dim=1)
+    valid = torch.cat([torch.ones(3, GROUP, dtype=torch.bool),
+                       torch.tensor([[True], [False], [False]]).expand(3, GROUP)], dim=1)
+    oracle = LZESelector(NUM_PROMPTS, LZEConfig(**config))
+    expected = oracle.step(merged, torch.tensor([1, 2, 7]), valid)
+    assert torch.equal(rb.selector.state.fstate, oracle.state.fstate)
+    assert [[1, 2, 7][i] for i in expected.kept_indices.tolist() if i >= 0] == [1]
+    assert batch_rows(batch) == [1] and len(batch.keys) == 2 * GROUP  # both its groups
+    clear_train_partition()
+
+
+def test_refill_batch_holds_the_selectors_pick(transfer_queue):
+    """mode=refill, K = 4 groups at keep_ratio 0.5: the buffer rolls out 4 more through verl's
+    refill, verl's sample materialises all 8, and the batch holds exactly the 4 groups an
+    independent LZESelector keeps on the same rows and rewards; the others leave TransferQueue."""
     config = {"keep_ratio": 0.5, "noise_scale": 0.0}
     rollouts = Rollouts(order=[0, 1, 2, 5, 6, 7, 10, 11])
-    rb = buffer(rollouts, lze=config)
+    rb = buffer(rollouts, mode="refill", lze=config)
     rollouts.dispatch(4)  # the trainer's prepare_step
     batch, metrics = rb.sample(global_steps=1, partition_id="train", batch_size=4)
     assert rollouts.refills == [4]
@@ -119,6 +183,7 @@ def test_lze_batch_holds_the_selectors_pick(transfer_queue):
     assert len(batch.keys) == 4 * GROUP
     assert sorted(tq.kv_list("train")["train"]) == sorted(batch.keys)  # the rest cleared
     assert metrics["lze/kept_groups"] == 4 and metrics["lze/rounds"] == 1
+    assert metrics["lze/groups_rolled_out"] == 8
     clear_train_partition()
 
 
@@ -127,7 +192,7 @@ def test_dapo_refills_until_the_batch_is_full(transfer_queue):
     first 3 prompts hold 1 mixed group (rows 3 and 4 are all wrong / all right), so 2 more are
     rolled out and both kept."""
     rollouts = Rollouts(order=[3, 4, 1, 2, 6])
-    rb = buffer(rollouts, policy="dapo")
+    rb = buffer(rollouts, mode="refill", policy="dapo")
     rollouts.dispatch(3)
     batch, metrics = rb.sample(global_steps=1, partition_id="train", batch_size=3)
     assert rollouts.refills == [2]
@@ -143,7 +208,7 @@ def test_state_travels_in_the_checkpoint_registry(transfer_queue):
     config = {"keep_ratio": 0.5, "noise_scale": 0.1, "seed": 3}
     order = [0, 1, 2, 5, 6, 7, 10, 11] * 2
     first = Rollouts(order)
-    rb = buffer(first, lze=config)
+    rb = buffer(first, mode="refill", lze=config)
     first.dispatch(4)
     rb.sample(global_steps=1, partition_id="train", batch_size=4)
     clear_train_partition()
@@ -157,7 +222,7 @@ def test_state_travels_in_the_checkpoint_registry(transfer_queue):
     checkpoint.unregister("replay_buffer")  # a resumed run is a fresh process
     checkpoint.load_state_dict(saved)
     second = Rollouts(order[8:], step=2)
-    resumed = buffer(second, lze=config)  # registers itself and takes the pending state
+    resumed = buffer(second, mode="refill", lze=config)  # registers itself, takes the state
     second.dispatch(4)
     assert batch_rows(resumed.sample(global_steps=2, partition_id="train",
                                      batch_size=4)[0]) == expected
@@ -170,6 +235,10 @@ def test_bad_settings_are_refused():
         LZEReplayBuffer("colocate_async", {}, None, "drop", {}, refill_fn=rollouts.refill)
     with pytest.raises(ValueError, match="unknown options"):
         buffer(rollouts, keep=0.5)
+    with pytest.raises(ValueError, match="sampler_kwargs.mode"):
+        buffer(rollouts, mode="all")
+    with pytest.raises(ValueError, match="refill_fn"):
+        LZEReplayBuffer("sync", {}, None, "drop", {"mode": "refill"})
     with pytest.raises(ValueError, match="max_rounds"):
         buffer(rollouts, max_rounds=0)
     with pytest.raises(ValueError, match="keep_ratio"):
@@ -180,6 +249,8 @@ def test_bad_settings_are_refused():
         buffer(rollouts, policy="dapo", forward={"method": "pruner", "batch_size": 4})
     with pytest.raises(ValueError, match="embeddings"):
         buffer(rollouts, forward={"method": "dots", "batch_size": 4})
+    with pytest.raises(ValueError, match="forward.embeddings: only method 'dots'"):
+        buffer(rollouts, forward={"method": "greso", "batch_size": 4, "embeddings": "e.pt"})
 
 
 def test_forward_dots_chooses_the_rows_verls_dataloader_fetches(transfer_queue, tmp_path,
@@ -218,3 +289,139 @@ def test_forward_dots_chooses_the_rows_verls_dataloader_fetches(transfer_queue, 
     assert not {r for r, rate in observed.items() if rate in (0.0, 1.0)} & set(nxt)
     clear_train_partition()
     checkpoint.unregister(checkpoint.FORWARD)
+
+
+# ----------------------------------------------------------------------------- pass boundaries
+
+
+@pytest.mark.slow
+def test_readme_scale_three_passes_twenty_seeds_never_stops():
+    """v1 fetches prompts one at a time (data.gen_batch_size=1) from verl's create_rl_sampler and
+    restarts it at the end of each pass, so the batch that spans two passes (at N = 7,473,
+    B = 128: step 59, rows 7,424-7,551) can draw a row twice. For 20 sampler seeds over 3 passes
+    the buffer's selection (select_on_rows on the step's rows) runs every step; the seeds whose
+    batch repeats a row are the expected share (1 - exp(-49 x 79 / 7,473) ~ 0.40 of them)."""
+    num_prompts, batch = 7473, 128
+    config = LZEConfig(keep_ratio=0.5, seed=0)
+    seeds_with_repeats = 0
+    for seed in range(20):
+        sampler = create_rl_sampler(OmegaConf.create({"shuffle": True, "seed": seed}),
+                                    range(num_prompts))
+        order = [row for _ in range(4) for row in sampler]  # passes as verl's restarts draw them
+        selector = LZESelector(num_prompts, config)
+        repeated = False
+        for step in range(3 * num_prompts // batch):
+            rows = np.array(order[step * batch:(step + 1) * batch], dtype=np.int64)
+            rewards = torch.stack([(torch.arange(GROUP) < PASS_COUNT[r % NUM_PROMPTS]).float()
+                                   for r in rows.tolist()])
+            selection = select_on_rows("lze", selector, rewards, None, rows)
+            repeated |= selection.repeats.any
+            assert int(selection.keep.sum()) <= num_keep(batch, 0.5) + 1
+        seeds_with_repeats += repeated
+    assert 3 <= seeds_with_repeats <= 16
+
+
+# ----------------------------------------------------------------------------- resume
+
+
+class NoWorkers:
+    """The actor's worker group at the Ray boundary: its checkpoint files are not this test's."""
+
+    def save_checkpoint(self, *args, **kwargs):
+        pass
+
+    def load_checkpoint(self, *args, **kwargs):
+        pass
+
+
+def v1_trainer(loader, checkpoints):
+    """verl's sync v1 trainer up to its Ray boundary: its own _next_train_batch (single-prompt
+    fetches, the dataloader restarted at the end of a pass), _save_checkpoint, _load_checkpoint."""
+    trainer = object.__new__(PPOTrainerSync)
+    trainer.config = OmegaConf.create({
+        "data": {"train_batch_size": BATCH, "gen_batch_size": 1},
+        "actor_rollout_ref": {"actor": {"checkpoint": {"async_save": False}}},
+        "trainer": {"default_local_dir": str(checkpoints), "default_hdfs_dir": None,
+                    "resume_mode": "auto", "resume_from_path": None,
+                    "del_local_ckpt_after_load": False}})
+    trainer.train_dataloader, trainer.train_dataloader_it = loader, None
+    trainer.actor_rollout_wg, trainer.use_critic, trainer.trainer_mode = NoWorkers(), False, "sync"
+    trainer.checkpoint_callback = types.SimpleNamespace(on_save=lambda **kwargs: None)
+    trainer.global_steps = 0
+    return trainer
+
+
+class V1Rollouts(Rollouts):
+    """Rollouts of the prompts verl's v1 trainer fetches itself."""
+
+    def __init__(self, trainer):
+        super().__init__(order=None)
+        self.trainer = trainer
+
+    def fetch(self, count):
+        return [int(row) for row in self.trainer._next_train_batch(count)["index"]]
+
+
+BATCH = 4
+
+
+def v1_run(tmp_path, method, steps, save_at=None, start=0, record=None):
+    """Fresh parts (a new process), then ``steps`` sync steps: prepare_step's fetch of K
+    prompts, the buffer's sample (mode topk), verl's _save_checkpoint at ``save_at``; with
+    ``start`` the run first resumes through verl's _load_checkpoint."""
+    for name in ("replay_buffer", checkpoint.FORWARD):
+        checkpoint.unregister(name)
+    dataset = object.__new__(LZERLHFDataset)
+    dataset.dataframe, dataset.is_train = list(range(NUM_PROMPTS)), True
+    loader = StatefulDataLoader(dataset, batch_size=1, drop_last=True, collate_fn=collate_fn,
+                                sampler=create_rl_sampler(
+                                    OmegaConf.create({"shuffle": True, "seed": 1}), dataset))
+    trainer = v1_trainer(loader, tmp_path)
+    rollouts = V1Rollouts(trainer)
+    options = {"lze": {"keep_ratio": 0.5, "noise_scale": 0.1, "seed": 2, "prune_after": 1}}
+    if method != "none":
+        options["forward"] = {"method": method, "batch_size": BATCH, "seed": 3}
+    if method == "dots":
+        torch.save(torch.randn(NUM_PROMPTS, 8, generator=torch.Generator().manual_seed(0)),
+                   tmp_path / "embeddings.pt")
+        options["forward"]["embeddings"] = str(tmp_path / "embeddings.pt")
+    rb = buffer(rollouts, **options)  # built in the trainer's __init__, before the resume
+    if start:
+        trainer._load_checkpoint()
+        assert trainer.global_steps == start
+    record = [] if record is None else record
+    for step in range(start + 1, steps + 1):
+        trainer.global_steps = rollouts.step = step
+        drawn = sorted(rollouts.dispatch(BATCH).values())
+        batch, _ = rb.sample(global_steps=step, partition_id="train", batch_size=BATCH)
+        record.append((drawn, batch_rows(batch)))
+        clear_train_partition()
+        if step == save_at:
+            trainer._save_checkpoint()
+    return record, rb.selector.state_dict()
+
+
+@pytest.mark.parametrize("method", ["none", "pruner", "greso", "dots"])
+@pytest.mark.parametrize("save_at", [4, 6])  # the end of a pass over the 16 prompts, mid-pass
+def test_resume_continues_the_identical_selections(transfer_queue, tmp_path, monkeypatch,
+                                                   method, save_at):
+    """verl's v1 _save_checkpoint at ``save_at`` and a fresh process's _load_checkpoint (which
+    restores data.pt at every step, an epoch boundary included): the resumed run draws and keeps
+    exactly what the uninterrupted run does, for the estimator alone and every forward method."""
+    monkeypatch.setattr(RLHFDataset, "__getitem__", lambda self, item: {
+        "index": item, "input_ids": torch.tensor([item]), "raw_prompt": f"prompt {item}"})
+    record, state = v1_run(tmp_path, method, 8, save_at=save_at)
+    resumed, resumed_state = v1_run(tmp_path, method, 8, start=save_at)
+    assert resumed == record[save_at:]
+    for key in ("fstate", "istate", "step_counter"):  # the selector's whole history
+        assert torch.equal(resumed_state[key], state[key])
+    for name in ("replay_buffer", checkpoint.FORWARD):
+        checkpoint.unregister(name)
+
+
+def test_dataset_refuses_dataloader_workers():
+    dataset = object.__new__(LZERLHFDataset)
+    dataset.dataframe = list(range(4))
+    data = StatefulDataLoader(dataset, batch_size=2, num_workers=1)
+    with pytest.raises(RuntimeError, match="dataloader_num_workers"):
+        next(iter(data))

@@ -6,13 +6,15 @@
 #   pip install "verl[vllm]==0.9.1" lze-kernels   (or this repository: pip install .)
 #   bash examples/verl/run_lze_grpo.sh [extra hydra overrides]
 #
-# Each step rolls out ceil(train_batch_size / keep_ratio) prompts (LZE's candidates; the extra
-# ones through verl's refill, in data.gen_batch_size fetches), keeps the train_batch_size groups
-# of highest learning-zone energy and trains on those only. FORWARD=greso (or pruner, dots)
-# also chooses which prompts are rolled out at all; DOTS needs EMBEDDINGS, a torch file of
+# MODE=topk (the default, LZE as its paper runs it): each step rolls out train_batch_size (K)
+# prompts and trains on the top k = floor(K x keep_ratio) groups by learning-zone energy (64 of
+# 128 here; ppo_mini_batch_size divides k, so verl's v1 adds no padding rows). MODE=refill
+# trains on K selected groups instead, rolling out ceil(K / keep_ratio) prompts and more (the
+# extra ones through verl's refill, one prompt per fetch). FORWARD=greso (or pruner, dots) also
+# chooses which prompts are rolled out at all; DOTS needs EMBEDDINGS, a torch file of
 # [num_prompts, d] prompt embeddings in dataset order.
 # The dataset rows must carry extra_info.index = their row number (verl's example preprocessors
-# write it): LZE keys each prompt's history by it.
+# write it): LZE keys each prompt's history by it. docs/verl.md has the account.
 set -euo pipefail
 
 TRAIN=${TRAIN:-$HOME/data/gsm8k/train.parquet}
@@ -21,9 +23,13 @@ MODEL=${MODEL:-Qwen/Qwen2.5-1.5B-Instruct}
 NUM_PROMPTS=${NUM_PROMPTS:-7473}   # rows of $TRAIN
 BATCH=${BATCH:-128}
 POLICY=${POLICY:-lze}              # lze | dapo
+MODE=${MODE:-topk}                 # topk | refill
 FORWARD=${FORWARD:-}               # empty | pruner | greso | dots
 EMBEDDINGS=${EMBEDDINGS:-}
 
+refill=()
+[[ $MODE == refill ]] && refill=(data.gen_batch_size=1
+                                 +trainer.v1.sampler.sampler_kwargs.gen_batch_size=1)
 forward=()
 if [[ -n $FORWARD ]]; then
     forward=(+trainer.v1.sampler.sampler_kwargs.forward.method="$FORWARD"
@@ -35,7 +41,7 @@ fi
 python3 -m verl.trainer.main_ppo \
     algorithm.adv_estimator=grpo \
     data.train_files="$TRAIN" data.val_files="$VAL" \
-    data.train_batch_size="$BATCH" data.gen_batch_size=1 \
+    data.train_batch_size="$BATCH" \
     data.max_prompt_length=512 data.max_response_length=1024 \
     data.dataloader_num_workers=0 \
     data.custom_cls.path=pkg://lze_kernels.integrations.verl.checkpoint \
@@ -44,7 +50,8 @@ python3 -m verl.trainer.main_ppo \
     trainer.v1.sampler.custom_sampler.name=LZEReplayBuffer \
     +trainer.v1.sampler.sampler_kwargs.policy="$POLICY" \
     +trainer.v1.sampler.sampler_kwargs.num_prompts="$NUM_PROMPTS" \
-    +trainer.v1.sampler.sampler_kwargs.gen_batch_size=1 \
+    +trainer.v1.sampler.sampler_kwargs.mode="$MODE" \
+    "${refill[@]}" \
     +trainer.v1.sampler.sampler_kwargs.lze.keep_ratio=0.5 \
     "${forward[@]}" \
     actor_rollout_ref.model.path="$MODEL" \
@@ -57,7 +64,7 @@ python3 -m verl.trainer.main_ppo \
     actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16 \
     actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16 \
     trainer.n_gpus_per_node=8 trainer.nnodes=1 \
-    trainer.project_name=lze_verl trainer.experiment_name="grpo_${POLICY}${FORWARD:+_$FORWARD}" \
+    trainer.project_name=lze_verl trainer.experiment_name="grpo_${POLICY}_${MODE}${FORWARD:+_$FORWARD}" \
     trainer.save_freq=20 trainer.test_freq=10 trainer.total_epochs=3 \
     trainer.logger='["console"]' \
     "$@"

@@ -1,13 +1,16 @@
-"""The selection state inside verl's own checkpoint (``global_step_N/data.pt``).
+"""The v1 selection state inside verl's own checkpoint (``global_step_N/data.pt``).
 
-Both verl trainers save ``train_dataloader.state_dict()`` to ``data.pt`` and restore it on resume.
-torchdata's ``StatefulDataLoader`` puts the dataset's ``state_dict()`` into that state when the
-dataset has one, and gives it back through ``load_state_dict`` when the next epoch iterator is
-made (on resume: before the first batch, so before the first selection). :class:`LZERLHFDataset`
-(``data.custom_cls``) is verl's ``RLHFDataset`` with that state: the state of the selection
-parts registered in this process (:func:`register`: the v1 replay buffer, the legacy estimator,
-the forward sampler), so the selector's history resumes exactly with the weights and the
-dataloader. A part registered after a restore gets its state on registration.
+Both verl trainers save ``train_dataloader.state_dict()`` to ``data.pt``; v1's loader restores it
+at every step (the legacy loader skips it at an epoch boundary, so
+:class:`~.legacy.LZERayPPOTrainer` writes its own ``lze_selection.pt`` instead). torchdata's
+``StatefulDataLoader`` puts the dataset's ``state_dict()`` into that state when the dataset has
+one, and gives it back through ``load_state_dict`` when the next epoch iterator is made (on
+resume: before the first batch, so before the first selection; a state saved at the end of an
+epoch comes back the same way). :class:`LZERLHFDataset` (``data.custom_cls``) is verl's
+``RLHFDataset`` with that state: the state of the selection parts registered in this process
+(:func:`register`: the v1 replay buffer and its forward sampler), so the selector's history
+resumes exactly with the weights and the dataloader. A part registered after a restore gets its
+state on registration.
 
 The dataset must live in the trainer's process (``data.dataloader_num_workers=0``): a worker holds
 a copy whose state the selection never updates, so ``__getitem__`` refuses to run in one.

@@ -22,18 +22,21 @@ group responses but cannot key LZE's per-prompt state: the stable id is the data
 only the uids; :class:`~lze_kernels.integrations.verl.legacy.LZERayPPOTrainer` binds them where
 ``fit`` makes them).
 
-verl's legacy trainer updates the actor on every response of the batch, so the estimator makes
-the selection count by zeroing the advantages of the groups it drops (``zero_dropped=True``): a
-response with zero advantage adds nothing to the policy-gradient loss. (v1 drops the groups from
-the batch itself: :class:`~lze_kernels.integrations.verl.replay_buffer.LZEReplayBuffer`.)
+In verl's legacy trainer, :class:`~lze_kernels.integrations.verl.legacy.LZERayPPOTrainer` runs
+the selection (:meth:`LZEAdvantage.select`) where the rewards are first known, cuts the batch to
+the kept groups before any log-prob pass, and announces them (:meth:`LZEAdvantage.expect_selected`):
+the registry call then computes verl's GRPO advantages of those groups alone. Called directly on
+a whole batch, the estimator selects and, with ``zero_dropped=True``, zeroes the advantages of the
+groups it drops. A dataset row that comes in two groups of one batch is one observation of that
+row (:mod:`.rows`).
 
 Advantages follow verl's ``compute_grpo_outcome_advantage`` (volcengine/verl,
 ``verl/trainer/ppo/core_algos.py``): scores ``s = token_level_rewards.sum(-1)``; per uid group of
 n >= 2 responses ``(s - mean) / (std + epsilon)`` with the unbiased std, or ``s - mean`` when
 ``norm_adv_by_std_in_grpo`` is false (Dr. GRPO); a group of one response has mean 0 and std 1,
 so ``s / (1 + epsilon)`` (resp. ``s``); the scalar is broadcast as ``A * response_mask``, and
-returns equal advantages. (The kernels give a one-response group A = 0, docs/spec.md §2; the adapter
-follows verl here.)
+returns equal advantages. (The kernels give a one-response group A = 0, docs/spec.md §2; the
+adapter follows verl here.)
 """
 
 from __future__ import annotations
@@ -48,7 +51,8 @@ import torch
 from ... import ops
 from ...config import LZEConfig
 from ...selector import LZESelector
-from ..selection import GroupSelection, ScoreFn, check_policy, select_groups
+from ..selection import GroupSelection, ScoreFn, check_policy
+from .rows import RowSelection, check_row_range, host_rows, select_on_rows
 
 
 class UidGroups(NamedTuple):
@@ -124,12 +128,28 @@ def _counting_placement(row: np.ndarray, counts: np.ndarray):
 def rows_by_uid(uids, prompt_index) -> dict:
     """uid -> dataset row for one step (verl's ``non_tensor_batch`` ``"uid"`` and ``"index"``,
     one per prompt or per response)."""
-    rows = _host_ids(prompt_index)
+    rows = host_rows(prompt_index)
     uids = _host_keys(uids)
     if uids.shape != rows.shape:
         raise ValueError(f"prompt_index: expected one dataset row per uid ({uids.shape[0]}), "
                          f"got shape {rows.shape}")
     return dict(zip(uids.tolist(), rows.tolist()))
+
+
+@dataclass
+class Selected:
+    """One step's groups and the policy's pick among them, before any advantage is computed."""
+
+    scores: torch.Tensor  # [bs] response scores, on the estimator's device
+    groups: UidGroups
+    raw: torch.Tensor  # [num_groups, width] scores in the group layout
+    valid: Optional[torch.Tensor]  # [num_groups, width] or None (no group is short)
+    rows: RowSelection  # keep per group, the selector's output, repeated rows
+
+    @property
+    def keep_mask(self) -> torch.Tensor:
+        """[bs] bool: the response's group is kept."""
+        return self.rows.keep.index_select(0, self.groups.row)
 
 
 @dataclass
@@ -140,7 +160,7 @@ class VerlStep:
     returns: torch.Tensor  # [bs, T] (= advantages, as in verl's GRPO)
     keep_mask: torch.Tensor  # [bs] bool: the response's group is kept
     groups: UidGroups
-    selection: GroupSelection  # per group: dataset row, keep, num_kept, selector output
+    selection: GroupSelection  # per distinct dataset row: keep, num_kept, selector output
 
 
 class LZEAdvantage:
@@ -155,7 +175,7 @@ class LZEAdvantage:
         backend: the selector's kernel backend.
         score_fn: maps a 1-D tensor of response scores to [0, 1] for LZE's pass rate (default:
             as is); advantages always use the raw scores.
-        zero_dropped: zero the advantages of the groups the policy drops (verl's legacy trainer
+        zero_dropped: zero the advantages of the groups the policy drops (for a trainer that
             trains on every response it gets); False: verl's GRPO advantages for every group.
     """
 
@@ -173,17 +193,25 @@ class LZEAdvantage:
         self.last: Optional[VerlStep] = None
         self._bound: Optional[np.ndarray] = None
         self._rows_by_uid: dict = {}
+        self._preselected: Optional[tuple[set, GroupSelection]] = None
 
     def bind(self, prompt_index) -> None:
         """Dataset row of each response (e.g. ``batch.non_tensor_batch["index"]``), used by the
         next call that gets no ``prompt_index``."""
-        self._bound = _host_ids(prompt_index)
+        self._bound = host_rows(prompt_index)
 
     def bind_uids(self, uids, prompt_index) -> None:
         """Remember the dataset row of each of this step's uids (verl's ``non_tensor_batch``
         ``"uid"`` and ``"index"``, one per prompt or per response); the next call that gets no
         ``prompt_index`` looks its responses' rows up by uid. Replaces the previous binding."""
         self._rows_by_uid = rows_by_uid(uids, prompt_index)
+
+    def expect_selected(self, uids, selected: Selected) -> None:
+        """The step's selection is made (``selected``, from :meth:`select`) and the batch cut
+        to the groups with ``uids``: the next call computes verl's GRPO advantages of those
+        groups alone, with no second selection or state update
+        (:class:`~.legacy.LZERayPPOTrainer` calls it where it drops the other groups)."""
+        self._preselected = (set(_host_keys(uids).tolist()), selected.rows.selection)
 
     def __call__(self, token_level_rewards: torch.Tensor, response_mask: torch.Tensor,
                  index, epsilon: float = 1e-6, norm_adv_by_std_in_grpo: Optional[bool] = None,
@@ -197,28 +225,42 @@ class LZEAdvantage:
                 epsilon: float = 1e-6, norm_adv_by_std_in_grpo: Optional[bool] = None,
                 config: Any = None, prompt_index=None) -> VerlStep:
         """Like ``__call__`` but returns everything (:class:`VerlStep`)."""
-        _check_token_tensors(token_level_rewards, response_mask)
         norm = _norm_by_std(norm_adv_by_std_in_grpo, config)
-        out_device, rewards_dtype = token_level_rewards.device, token_level_rewards.dtype
+        if self._preselected is not None and prompt_index is None:
+            return self._advantages_of_selected(token_level_rewards, response_mask, index,
+                                                epsilon, norm)
+        selected = self.select(token_level_rewards, response_mask, index, prompt_index)
+        rows = selected.rows
+        step, same = rows.selection.step, self._kernel_constants(epsilon, norm)
+        advantages = (step.advantages if same and not rows.merged else
+                      ops.grpo_advantages(selected.raw, selected.valid, epsilon, norm))
+        advantages = _verl_singles(advantages, selected.raw, selected.valid, epsilon, norm)
+        if self.zero_dropped:
+            advantages = advantages * rows.keep.unsqueeze(1)
+        self.last = VerlStep(*_per_response(advantages, selected.groups, token_level_rewards,
+                                            response_mask),
+                             selected.keep_mask.to(token_level_rewards.device), selected.groups,
+                             rows.selection)
+        return self.last
+
+    def select(self, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index,
+               prompt_index=None) -> Selected:
+        """Check the step's inputs, then run the policy on its groups (the selector's state
+        update); the bound rows are used up only when the step succeeds. A row that comes in
+        two groups is one observation (:mod:`.rows`)."""
+        _check_token_tensors(token_level_rewards, response_mask)
         scores = token_level_rewards.sum(dim=-1).to(self.device)
         groups = group_by_uid(index, self.device)
         if groups.row.shape[0] != scores.shape[0]:
             raise ValueError(f"index: expected {scores.shape[0]} uids (one per response), "
                              f"got {groups.row.shape[0]}")
         raw, valid = _layout(scores, groups)
-        prompt_ids = self._group_prompt_ids(self._rows(prompt_index, index), groups)
-
-        selection = select_groups(self.policy, self.selector, raw, prompt_ids, valid,
-                                  self.score_fn, ids_checked=True)
-        advantages = self._advantages(raw, valid, groups.width, selection, epsilon, norm)
-        if self.zero_dropped:
-            advantages = advantages * selection.keep.unsqueeze(1)
-        flat = advantages.view(-1)
-        per_response = flat if groups.blocked else flat.index_select(0, groups.cell)
-        advantages = _broadcast(per_response.to(out_device, rewards_dtype), response_mask)
-        keep_mask = selection.keep.index_select(0, groups.row).to(out_device)
-        self.last = VerlStep(advantages, advantages, keep_mask, groups, selection)
-        return self.last
+        group_rows = self._group_rows(self._rows(prompt_index, index), groups)
+        rows = select_on_rows(self.policy, self.selector, raw, valid, group_rows, self.score_fn)
+        self._bound, self._preselected = None, None
+        if prompt_index is None:
+            self._rows_by_uid = {}
+        return Selected(scores, groups, raw, valid, rows)
 
     def register(self, name: str = "lze_grpo") -> None:
         """Make this estimator selectable as ``algorithm.adv_estimator=<name>`` in verl."""
@@ -235,27 +277,54 @@ class LZEAdvantage:
 
     # ------------------------------------------------------------------------- internals
 
+    def _kernel_constants(self, epsilon: float, norm: bool) -> bool:
+        """The fused step computed verl's advantages (same rewards and constants)."""
+        config = getattr(self.selector, "config", None)
+        return (config is not None and self.score_fn is None and config.eps == epsilon
+                and config.norm_by_std == norm)
+
+    def _advantages_of_selected(self, token_level_rewards, response_mask, index, epsilon,
+                                norm) -> VerlStep:
+        """verl's GRPO advantages of the groups :meth:`expect_selected` announced."""
+        _check_token_tensors(token_level_rewards, response_mask)
+        uids, selection = self._preselected
+        keys = _host_keys(index).tolist()
+        stray = [uid for uid in keys if uid not in uids]
+        if stray:
+            raise ValueError(f"index: {len(stray)} responses belong to groups the step's "
+                             f"selection dropped (e.g. {stray[0]!r}); expect_selected names the "
+                             "groups the batch was cut to")
+        scores = token_level_rewards.sum(dim=-1).to(self.device)
+        groups = group_by_uid(index, self.device)
+        raw, valid = _layout(scores, groups)
+        advantages = _verl_singles(ops.grpo_advantages(raw, valid, epsilon, norm), raw, valid,
+                                   epsilon, norm)
+        keep_mask = torch.ones(len(keys), dtype=torch.bool, device=token_level_rewards.device)
+        self._preselected = None
+        self.last = VerlStep(*_per_response(advantages, groups, token_level_rewards,
+                                            response_mask), keep_mask, groups, selection)
+        return self.last
+
     def _rows(self, prompt_index, index):
-        """The rows passed, else those bound by :meth:`bind_uids` looked up by uid (once)."""
-        if prompt_index is not None or not self._rows_by_uid:
-            return prompt_index
+        """The rows passed, else those bound by :meth:`bind_uids` looked up by uid, else those
+        bound by :meth:`bind` (None: no rows). Nothing is used up here."""
+        if prompt_index is not None:
+            return host_rows(prompt_index)
+        if not self._rows_by_uid:
+            return self._bound
         uids = _host_keys(index).tolist()
         missing = [uid for uid in uids if uid not in self._rows_by_uid]
         if missing:
             raise ValueError(f"index: {len(missing)} uids were not bound by bind_uids (e.g. "
                              f"{missing[0]!r}); bind each step's uids before verl computes "
                              "advantages")
-        rows = np.fromiter(map(self._rows_by_uid.__getitem__, uids), np.int64, len(uids))
-        self._rows_by_uid = {}
-        return rows
+        return np.fromiter(map(self._rows_by_uid.__getitem__, uids), np.int64, len(uids))
 
-    def _group_prompt_ids(self, prompt_index, groups: UidGroups) -> torch.Tensor:
+    def _group_rows(self, ids: Optional[np.ndarray], groups: UidGroups) -> np.ndarray:
         """[num_groups] dataset rows; the first response's row, checked for the whole group."""
-        ids = self._bound if prompt_index is None else _host_ids(prompt_index)
-        self._bound = None
         if ids is None:
-            if self.policy == "dapo":  # stateless: the ids are only reported
-                return torch.full_like(groups.first, -1)
+            if self.policy == "dapo":  # stateless: the rows are only reported
+                return np.full(groups.host_first.shape[0], -1, np.int64)
             raise ValueError("prompt_index: LZE needs each response's dataset row (verl: "
                              "non_tensor_batch['index']); pass it, or call bind() or bind_uids() "
                              "before each call")
@@ -263,29 +332,35 @@ class LZEAdvantage:
             raise ValueError(f"prompt_index: expected {groups.row.shape[0]} dataset rows (one "
                              f"per response), got shape {tuple(ids.shape)}")
         # Checked on the host, where verl keeps them (numpy calls cost less than torch ops).
-        group_ids = ids[groups.host_first]
-        if (ids != group_ids[groups.host_row]).any():
+        group_rows = ids[groups.host_first]
+        if (ids != group_rows[groups.host_row]).any():
             raise ValueError("prompt_index: responses of one uid carry different dataset rows")
         if self.selector is not None:
-            _check_rows(group_ids, self.selector.num_prompts)
-        return torch.as_tensor(group_ids, device=self.device)
+            check_row_range(group_rows, self.selector.num_prompts)
+        return group_rows
 
-    def _advantages(self, raw: torch.Tensor, valid: Optional[torch.Tensor], width: int,
-                    selection: GroupSelection, epsilon: float, norm: bool) -> torch.Tensor:
-        """[num_groups, width] verl GRPO advantages; the fused step's when it saw the same
-        rewards and constants, else one vectorised pass."""
-        step, config = selection.step, getattr(self.selector, "config", None)
-        same = (step is not None and self.score_fn is None and config.eps == epsilon
-                and config.norm_by_std == norm)
-        advantages = step.advantages if same else ops.grpo_advantages(raw, valid, epsilon, norm)
-        # verl: a one-response group has mean 0 and std 1.
-        if valid is None and width > 1:  # no group of one
-            return advantages
-        alone = raw / (1.0 + epsilon) if norm else raw
-        if valid is None:
-            return alone
-        single = valid.sum(dim=1, keepdim=True) == 1
-        return torch.where(single & valid, alone, advantages)
+
+def _verl_singles(advantages: torch.Tensor, raw: torch.Tensor, valid: Optional[torch.Tensor],
+                  epsilon: float, norm: bool) -> torch.Tensor:
+    """verl gives a one-response group mean 0 and std 1 (the kernels give it A = 0)."""
+    width = raw.shape[1]
+    if valid is None and width > 1:  # no group of one
+        return advantages
+    alone = raw / (1.0 + epsilon) if norm else raw
+    if valid is None:
+        return alone
+    single = valid.sum(dim=1, keepdim=True) == 1
+    return torch.where(single & valid, alone, advantages)
+
+
+def _per_response(advantages: torch.Tensor, groups: UidGroups, token_level_rewards, response_mask):
+    """``(advantages, returns)`` [bs, T] from the [num_groups, width] layout, as verl returns
+    them (equal tensors, on the rewards' device and dtype)."""
+    flat = advantages.reshape(-1)
+    per_response = flat if groups.blocked else flat.index_select(0, groups.cell)
+    out = _broadcast(per_response.to(token_level_rewards.device, token_level_rewards.dtype),
+                     response_mask)
+    return out, out
 
 
 def _layout(scores: torch.Tensor, groups: UidGroups):
@@ -309,27 +384,6 @@ def _broadcast(per_response: torch.Tensor, response_mask: torch.Tensor) -> torch
     if response_mask.dtype == dtype:
         return per_response.unsqueeze(-1) * response_mask
     return response_mask.to(dtype).mul_(per_response.unsqueeze(-1))
-
-
-def _check_rows(group_ids: np.ndarray, num_prompts: int) -> None:
-    """The selector's id check (in [0, N), distinct: one group per prompt per step), on the host
-    rows verl passes, naming the argument a verl user gave."""
-    rows = np.sort(group_ids)
-    low, high = int(rows[0]), int(rows[-1])
-    if low < 0 or high >= num_prompts:
-        raise ValueError(f"prompt_index: expected dataset rows in [0, {num_prompts}), got rows "
-                         f"in [{low}, {high}]")
-    if (rows[1:] == rows[:-1]).any():
-        raise ValueError("prompt_index: expected a distinct dataset row for each uid, got two "
-                         "uids with the same row")
-
-
-def _host_ids(values) -> np.ndarray:
-    """[bs] int64 dataset rows on the host (verl's ``non_tensor_batch["index"]`` is a numpy
-    object array)."""
-    if isinstance(values, torch.Tensor):
-        values = values.detach().cpu().numpy()
-    return np.asarray(values, dtype=np.int64).reshape(-1)
 
 
 def _check_token_tensors(token_level_rewards, response_mask) -> None:

@@ -10,7 +10,8 @@ the next batch is drawn from fresh state. Each dataloader epoch yields the whole
 
 * ``"pruner"``: rows in a seeded permutation per pass, skipping the prompts LZE's forward pruner
   has pruned unless drawn for replay (:meth:`LZESelector.rollout_mask`; a new pass draws the
-  replays, :meth:`LZESelector.begin_epoch`). Its state is the estimator's selector (docs/spec.md §5).
+  replays, :meth:`LZESelector.begin_epoch`). Its state is the estimator's selector
+  (docs/spec.md §5).
 * ``"greso"``: the same permutation, each candidate kept by GRESO's seeded skip draw
   (:class:`~lze_kernels.greso.GresoFilter`, Zheng et al. 2025, arXiv 2506.02177), which
   :meth:`observe` updates with each group's rewards.
@@ -20,9 +21,11 @@ the next batch is drawn from fresh state. Each dataloader epoch yields the whole
   (:func:`lze_kernels.dots.predict_pass_rates`); 1/2 for all until a prompt has been seen.
 
 A pass that finds no eligible prompt in ``num_prompts`` candidates yields the next candidate
-anyway (the batch must be full), as ``take_eligible`` pads. The state (pass, position, step and
-the method's own) is :meth:`state_dict`; torchdata's ``StatefulDataLoader`` saves it in verl's
-``data.pt`` and restores it before the next batch, so a resume continues the same sequence.
+anyway (the batch must be full), as ``take_eligible`` pads. A batch may span two passes, and so
+hold a row twice; :meth:`observe` takes such a row's groups as one observation. The state (pass,
+position, step and the method's own) is :meth:`state_dict`: the legacy trainer saves it in
+``lze_selection.pt`` beside verl's checkpoint, v1 in verl's ``data.pt`` (both through torchdata's
+``StatefulDataLoader`` too), so a resume continues the same sequence.
 The sampler draws a batch when the dataloader asks for it: with ``dataloader_num_workers > 0``
 verl's dataloader draws batches ahead, before the previous step's rewards are observed, so
 :class:`~.legacy.LZERayPPOTrainer` refuses that setting.
@@ -38,6 +41,7 @@ from torch.utils.data import Sampler
 from ... import dots
 from ...greso import GresoFilter
 from ...selector import LZESelector
+from .rows import check_row_range, find_repeats, merge_groups
 
 METHODS = ("pruner", "greso", "dots")
 _FORMAT = "lze_kernels.verl.forward/1"
@@ -89,9 +93,16 @@ class ForwardSampler(Sampler[int]):
     def observe(self, prompt_ids: torch.Tensor, rewards: torch.Tensor,
                 valid: Optional[torch.Tensor] = None) -> None:
         """One training step's groups: ``prompt_ids`` [B] dataset rows, ``rewards`` [B, G] in
-        [0, 1] (``valid`` [B, G]: the scored responses; None: all)."""
+        [0, 1] (``valid`` [B, G]: the scored responses; None: all). A row that comes in two
+        groups is one observation of all their rollouts (:mod:`.rows`). Everything is checked
+        before any state changes."""
+        self._check_observation(prompt_ids, rewards, valid)
         if valid is None:
             valid = torch.ones_like(rewards, dtype=torch.bool)
+        repeats = find_repeats(prompt_ids.numpy())
+        if repeats.any:
+            rewards, valid = merge_groups(rewards, valid, repeats)
+            prompt_ids = torch.from_numpy(repeats.rows)
         if self.method == "greso":
             self.greso.observe(prompt_ids, rewards, valid)
         elif self.method == "dots":
@@ -111,19 +122,53 @@ class ForwardSampler(Sampler[int]):
         return state
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`; everything is checked before anything is written."""
         if not isinstance(state, dict) or state.get("format") != _FORMAT:
             raise ValueError(f"state: expected a ForwardSampler state ({_FORMAT!r})")
-        if tuple(state["labels"].shape) != (self.num_prompts,):
-            raise ValueError(f"state: saved for {state['labels'].shape[0]} prompts, this sampler "
-                             f"has {self.num_prompts}")
+        labels = state.get("labels")
+        if (not isinstance(labels, torch.Tensor) or labels.dtype != torch.float32
+                or tuple(labels.shape) != (self.num_prompts,)):
+            raise ValueError(f"state['labels']: expected a float32 tensor of shape "
+                             f"({self.num_prompts},) (this sampler's prompts), got "
+                             f"{getattr(labels, 'shape', type(labels).__name__)}")
+        counters = [state.get(key) for key in ("passes", "position", "steps")]
+        in_range = all(isinstance(c, int) and c >= 0 for c in counters)
+        if not in_range or counters[1] > self.num_prompts:
+            raise ValueError(f"state: expected passes, position (<= {self.num_prompts}) and "
+                             f"steps as ints >= 0, got {counters}")
+        drawn = state.get("drawn")
+        if not isinstance(drawn, list) or not all(isinstance(r, int) and 0 <= r < self.num_prompts
+                                                  for r in drawn):
+            raise ValueError("state['drawn']: expected a list of dataset rows")
         if self.greso is not None:
-            self.greso.load_state_dict(state["greso"])
-        self.passes, self.position, self.steps = state["passes"], state["position"], state["steps"]
-        self.labels = state["labels"].clone()
-        self._drawn = list(state["drawn"])
+            self.greso.load_state_dict(state.get("greso"))
+        self.passes, self.position, self.steps = counters
+        self.labels = labels.clone()
+        self._drawn = list(drawn)
         self._eligible = None
 
     # ------------------------------------------------------------------------- internals
+
+    def _check_observation(self, prompt_ids, rewards, valid) -> None:
+        if (not isinstance(prompt_ids, torch.Tensor) or prompt_ids.dim() != 1
+                or prompt_ids.dtype != torch.int64 or prompt_ids.device.type != "cpu"):
+            raise ValueError(f"prompt_ids: expected a [B] int64 CPU tensor of dataset rows, got "
+                             f"{getattr(prompt_ids, 'dtype', type(prompt_ids).__name__)}")
+        if prompt_ids.numel() == 0:
+            raise ValueError("prompt_ids: expected at least one row, got none")
+        check_row_range(prompt_ids.numpy(), self.num_prompts, "prompt_ids")
+        if (not isinstance(rewards, torch.Tensor) or not torch.is_floating_point(rewards)
+                or rewards.dim() != 2 or rewards.shape[0] != prompt_ids.shape[0]
+                or rewards.device.type != "cpu"):
+            raise ValueError(f"rewards: expected a [{prompt_ids.shape[0]}, G] float CPU tensor "
+                             f"(one group per row), got "
+                             f"{getattr(rewards, 'shape', type(rewards).__name__)}")
+        if valid is not None and (valid.dtype != torch.bool or valid.shape != rewards.shape):
+            raise ValueError(f"valid: expected a bool tensor of shape {tuple(rewards.shape)}, "
+                             f"got {valid.dtype} {tuple(valid.shape)}")
+        scored = rewards if valid is None else torch.where(valid, rewards, 0.5)
+        if not bool(((scored >= 0) & (scored <= 1)).all()):  # NaN fails too
+            raise ValueError("rewards: expected pass rates in [0, 1] on the scored responses")
 
     def _permutation(self) -> torch.Tensor:
         """The rows of the current pass: a permutation keyed by (seed, pass)."""

@@ -5,30 +5,41 @@ verl 0.9.1's default trainer (``trainer.use_v1``) asks its ReplayBuffer for each
 returns; the estimator it calls afterwards sees only fresh uuid4 uids. So v1's selection point is
 the buffer (``trainer.v1.sampler.custom_sampler.{path,name}``): it sees every finished group with
 its rewards and its dataset row (the ``index`` field the agent loop stores with each trajectory),
-and the groups it leaves out cost no actor update at all.
+and the groups it leaves out cost no log-prob pass and no actor update at all.
 
-:class:`LZEReplayBuffer` (sync trainer only):
+:class:`LZEReplayBuffer` (sync trainer only), ``sampler_kwargs.mode``:
 
-1. The trainer has dispatched ``batch_size`` prompts (``prepare_step``); the buffer dispatches
-   ``ceil(batch_size / keep_ratio) - batch_size`` more through verl's ``refill_fn`` (LZE: rollout
-   ``B``, keep ``k = floor(B * keep_ratio)``, docs/spec.md §4; DAPO: no extra).
-2. verl's own ``ReplayBuffer.sample`` waits for all of them and materialises the groups.
-3. The policy keeps whole groups: LZE the top-k by energy among groups with energy > 0
-   (:class:`~lze_kernels.LZESelector`, its state keyed by dataset row), DAPO the groups whose
-   rewards are not all equal. The dropped groups' trajectories are cleared from TransferQueue.
-4. While fewer than ``batch_size`` groups are kept, the buffer refills the shortfall through
-   ``refill_fn`` (``ceil(missing / keep_ratio)`` prompts for LZE, ``missing`` for DAPO) and
-   selects again, at most ``max_rounds`` rounds; then it trains on what it kept.
+* ``topk`` (the default; LZE as its paper runs it, docs/spec.md §4): the trainer has dispatched
+  K = ``batch_size`` prompts (``prepare_step``); verl's own ``ReplayBuffer.sample`` waits for
+  them and materialises the groups; the policy keeps whole groups: LZE the top
+  ``k = floor(K x keep_ratio)`` by energy among the groups with energy > 0
+  (:class:`~lze_kernels.LZESelector`, its state keyed by dataset row), DAPO the groups whose
+  rewards are not all equal. The update gets those groups (at most k; v1 pads the batch to its
+  mini-batch multiple with no-op rows, ``upsample_batch_to_divisible_size``); the dropped
+  groups' trajectories leave TransferQueue. K prompts rolled out, at most k groups updated. A
+  batch in which no group has a learning signal (every group's rewards equal) hands over its
+  first group, so that verl's step has a batch.
+* ``refill``: trains on K selected groups, paying more rollouts for a full update: the buffer
+  dispatches ``ceil(K / keep_ratio) - K`` more prompts through verl's ``refill_fn``, keeps the
+  policy's pick, and while fewer than K groups are kept it refills the shortfall
+  (``ceil(missing / keep_ratio)`` prompts for LZE, ``missing`` for DAPO) and selects again, at
+  most ``max_rounds`` rounds. LZE rolls out at least K / keep_ratio prompts per step (more when
+  many groups have zero energy).
 
-Options come from ``trainer.v1.sampler.sampler_kwargs``: ``policy`` (``lze`` / ``dapo``),
-``num_prompts`` (dataset size, LZE), ``lze`` (a dict of :class:`~lze_kernels.LZEConfig` fields),
-``max_rounds`` (default 4), ``gen_batch_size`` (the refill granularity, must equal
-``data.gen_batch_size``; default 1), ``success_threshold`` (LZE's pass rate counts a response as
-solved when its reward exceeds it; default: the reward itself, which must lie in [0, 1]),
-``index_field`` (default ``index``) and ``forward`` (forward selection, below). The selector
-state is :meth:`state_dict` / :meth:`load_state_dict`; in a run it travels in verl's ``data.pt``
-(the buffer registers itself in :mod:`.checkpoint`; set ``data.custom_cls`` to its
-``LZERLHFDataset``).
+A dataset row that comes in two groups of one round (verl's dataloader restarts its sampler
+between ``gen_batch_size`` fetches, so a round can span two passes) is one observation of the
+row (:mod:`.rows`); rounds of one step are separate selector steps, in dispatch order.
+
+Options come from ``trainer.v1.sampler.sampler_kwargs``: ``mode`` (``topk`` / ``refill``),
+``policy`` (``lze`` / ``dapo``), ``num_prompts`` (dataset size, LZE), ``lze`` (a dict of
+:class:`~lze_kernels.LZEConfig` fields), ``success_threshold`` (LZE's pass rate counts a response
+as solved when its reward exceeds it; default: the reward itself, which must lie in [0, 1]),
+``index_field`` (default ``index``), ``forward`` (forward selection, below), and for ``refill``
+``max_rounds`` (default 4) and ``gen_batch_size`` (the refill granularity, must equal
+``data.gen_batch_size``; default 1). The selector state is :meth:`state_dict` /
+:meth:`load_state_dict`; in a run it travels in verl's ``data.pt`` (the buffer registers itself
+in :mod:`.checkpoint`; set ``data.custom_cls`` to its ``LZERLHFDataset``), which v1's loader
+restores at every step, an epoch boundary included.
 
 Forward selection in v1 (``sampler_kwargs.forward``: the pruner with replay, GRESO or DOTS): v1
 has no sampler hook (``create_rl_sampler`` makes a random or sequential sampler) and dispatches
@@ -51,16 +62,18 @@ import transfer_queue as tq
 from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 
-from ...config import LZEConfig
+from ...config import LZEConfig, num_keep
 from ...selector import LZESelector
 from ...greso import GresoConfig, GresoFilter
 from ...serialization import load_state_file
-from ..selection import check_policy, select_groups, selection_metrics, unit_scores
+from ..selection import check_policy, selection_metrics, unit_scores
 from . import checkpoint
-from .estimator import _check_rows, _layout, group_by_uid
+from .estimator import _layout, group_by_uid
 from .forward import ForwardSampler
+from .rows import check_row_range, host_rows, select_on_rows
 
 REWARD_FIELD = "rm_scores"  # verl's token-level reward of each trajectory (the canonical one)
+MODES = ("topk", "refill")
 
 
 class LZEReplayBuffer(ReplayBuffer):
@@ -72,12 +85,15 @@ class LZEReplayBuffer(ReplayBuffer):
         if trainer_mode != "sync":
             raise ValueError(f"trainer.v1.trainer_mode: LZEReplayBuffer selects on-policy groups "
                              f"of the sync trainer; expected 'sync', got {trainer_mode!r}")
-        if refill_fn is None:
-            raise ValueError("refill_fn: LZEReplayBuffer needs verl's refill to roll out its "
-                             "extra candidates")
+        options = dict(sampler_kwargs or {})
+        self.mode = options.pop("mode", "topk")
+        if self.mode not in MODES:
+            raise ValueError(f"sampler_kwargs.mode: expected one of {MODES}, got {self.mode!r}")
+        if self.mode == "refill" and refill_fn is None:
+            raise ValueError("refill_fn: LZEReplayBuffer's refill mode needs verl's refill to "
+                             "roll out its extra candidates")
         super().__init__(trainer_mode, trainer_config, max_off_policy_threshold,
                          max_off_policy_strategy, sampler_kwargs, poll_interval, refill_fn)
-        options = dict(sampler_kwargs or {})
         self.policy = options.pop("policy", "lze")
         check_policy(self.policy)
         self.max_rounds = _positive_int(options.pop("max_rounds", 4), "max_rounds")
@@ -89,9 +105,9 @@ class LZEReplayBuffer(ReplayBuffer):
         config = LZEConfig.from_dict(dict(options.pop("lze", None) or {}))
         forward = options.pop("forward", None)
         if options:
-            raise ValueError(f"sampler_kwargs: unknown options {sorted(options)}; expected policy, "
-                             "num_prompts, lze, max_rounds, gen_batch_size, success_threshold, "
-                             "index_field, forward")
+            raise ValueError(f"sampler_kwargs: unknown options {sorted(options)}; expected mode, "
+                             "policy, num_prompts, lze, max_rounds, gen_batch_size, "
+                             "success_threshold, index_field, forward")
         self.keep_ratio = config.keep_ratio if self.policy == "lze" else 1.0
         self.selector: Optional[LZESelector] = None
         if self.policy == "lze":
@@ -104,15 +120,33 @@ class LZEReplayBuffer(ReplayBuffer):
             checkpoint.register(checkpoint.FORWARD, self.forward)
 
     def sample(self, global_steps: int, partition_id: str, batch_size: int):
-        """verl's ``sample``: ``(KVBatchMeta, metrics)`` holding up to ``batch_size`` groups."""
+        """verl's ``sample``: ``(KVBatchMeta, metrics)`` of the groups the update gets (topk: at
+        most ``floor(batch_size x keep_ratio)``; refill: up to ``batch_size``)."""
         if partition_id == "val":
             return super().sample(global_steps, partition_id, batch_size)
+        if self.mode == "topk":
+            batch, metrics = super().sample(global_steps, partition_id, batch_size)
+            keys, tags, kept = self._select(batch, num_keep(batch_size, self.keep_ratio))
+            return self._batch(partition_id, keys, tags, metrics, kept, 1, batch_size)
+        return self._sample_with_refills(global_steps, partition_id, batch_size)
+
+    def state_dict(self) -> dict:
+        return {} if self.selector is None else {"selector": self.selector.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.selector is not None:
+            self.selector.load_state_dict(state["selector"])
+
+    # ------------------------------------------------------------------------- internals
+
+    def _sample_with_refills(self, global_steps: int, partition_id: str, batch_size: int):
         keys, tags, metrics = [], [], {}
         # prepare_step dispatched batch_size prompts; roll out LZE's extra candidates beside them.
         candidates = batch_size + self._refill(self._candidates(batch_size) - batch_size)
-        kept_groups = rounds = 0
+        kept_groups = rounds = rolled_out = 0
         while True:
             rounds += 1
+            rolled_out += candidates
             batch, round_metrics = super().sample(global_steps, partition_id, candidates)
             _add_counts(metrics, round_metrics)
             round_keys, round_tags, num_kept = self._select(batch, batch_size - kept_groups)
@@ -125,18 +159,12 @@ class LZEReplayBuffer(ReplayBuffer):
         if kept_groups == 0:
             raise RuntimeError(f"LZEReplayBuffer: no group kept in {rounds} rounds (every group "
                                "had equal rewards); raise sampler_kwargs.max_rounds")
+        return self._batch(partition_id, keys, tags, metrics, kept_groups, rounds, rolled_out)
+
+    def _batch(self, partition_id, keys, tags, metrics, kept_groups, rounds, rolled_out):
         metrics.update({"lze/rounds": rounds, "lze/kept_groups": kept_groups,
-                        **self.last_metrics})
+                        "lze/groups_rolled_out": rolled_out, **self.last_metrics})
         return KVBatchMeta(partition_id=partition_id, keys=keys, tags=tags), metrics
-
-    def state_dict(self) -> dict:
-        return {} if self.selector is None else {"selector": self.selector.state_dict()}
-
-    def load_state_dict(self, state: dict) -> None:
-        if self.selector is not None:
-            self.selector.load_state_dict(state["selector"])
-
-    # ------------------------------------------------------------------------- internals
 
     def _candidates(self, groups: int) -> int:
         """Prompts to roll out so that the policy can keep ``groups`` of them, rounded up to
@@ -152,8 +180,8 @@ class LZEReplayBuffer(ReplayBuffer):
         return prompts
 
     def _select(self, batch: KVBatchMeta, wanted: int):
-        """``(keys, tags, num_kept)`` of the best ``wanted`` groups the policy keeps in ``batch``;
-        the trajectories of the others are cleared from TransferQueue."""
+        """``(keys, tags, num_kept)`` of the best ``wanted`` groups the policy keeps in ``batch``
+        (topk: with energy > 0, at least one); the others leave TransferQueue."""
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
                                select_fields=[REWARD_FIELD, self.index_field])
         scores = torch.stack([reward.sum() for reward in data[REWARD_FIELD]]).float()
@@ -164,21 +192,22 @@ class LZEReplayBuffer(ReplayBuffer):
         if self.forward is not None:  # every group verl generated, kept or not
             self.forward.observe(torch.as_tensor(rows), unit_scores(raw, valid, self.score_fn),
                                  valid)
-        selection = select_groups(self.policy, self.selector, raw, torch.as_tensor(rows), valid,
-                                  self.score_fn, ids_checked=True)
-        ranked = (selection.step.kept_indices if selection.step is not None
-                  else selection.keep.nonzero().view(-1))  # LZE: by descending score
-        chosen = ranked[ranked >= 0][:wanted].tolist()
-        self.last_metrics = selection_metrics(selection, self.selector)
-        keep_group = np.zeros(groups.first.shape[0], dtype=bool)
-        keep_group[chosen] = True
+        selection = select_on_rows(self.policy, self.selector, raw, valid, rows, self.score_fn)
+        order, positive = selection.ranking()
+        if self.mode == "topk":
+            count = max(1, min(wanted, positive))
+        else:
+            count = min(wanted, int(selection.keep.sum()))
+        self.last_metrics = selection_metrics(selection.selection, self.selector)
+        keep_group = np.zeros(len(order), dtype=bool)
+        keep_group[order[:count]] = True
         keep = keep_group[groups.host_row]
         dropped = [key for key, kept in zip(batch.keys, keep) if not kept]
         if dropped:
             tq.kv_clear(keys=dropped, partition_id=batch.partition_id)
         keys = [key for key, kept in zip(batch.keys, keep) if kept]
         tags = [tag for tag, kept in zip(batch.tags, keep) if kept]
-        return keys, tags, len(chosen)
+        return keys, tags, count
 
     def _forward_sampler(self, options: dict, num_prompts) -> ForwardSampler:
         """``sampler_kwargs.forward``: ``method`` (pruner / greso / dots), ``batch_size``
@@ -192,7 +221,10 @@ class LZEReplayBuffer(ReplayBuffer):
         greso = (GresoFilter(num_prompts, GresoConfig(**dict(options.pop("greso", None) or {})))
                  if method == "greso" else None)
         embeddings = options.pop("embeddings", None)
-        if method == "dots" and embeddings is not None:
+        if embeddings is not None and method != "dots":
+            raise ValueError(f"sampler_kwargs.forward.embeddings: only method 'dots' uses prompt "
+                             f"embeddings, got method {method!r}")
+        if embeddings is not None:
             embeddings = load_state_file(embeddings, "sampler_kwargs.forward.embeddings:")
         unknown = sorted(set(options) - {"batch_size", "seed", "tau", "attention_tau"})
         if unknown:
@@ -207,13 +239,14 @@ class LZEReplayBuffer(ReplayBuffer):
         if values is None:
             raise ValueError(f"index_field: the trajectories carry no {self.index_field!r} field")
         listed = values.tolist() if hasattr(values, "tolist") else list(values)
-        rows = np.asarray(listed, dtype=np.int64).reshape(-1)
+        rows = host_rows(listed, f"index_field ({self.index_field!r})")
         group_rows = rows[groups.host_first]
         if (rows != group_rows[groups.host_row]).any():
             raise ValueError(f"index_field: trajectories of one uid carry different "
                              f"{self.index_field!r} rows")
         if self.selector is not None:
-            _check_rows(group_rows, self.selector.num_prompts)
+            check_row_range(group_rows, self.selector.num_prompts,
+                            f"index_field ({self.index_field!r})")
         return group_rows
 
 

@@ -1,0 +1,159 @@
+"""The dataset rows of a verl step's groups: their checks, and groups that share a row.
+
+LZE keys its per-prompt state by dataset row (verl's ``non_tensor_batch["index"]``). A row can
+come twice in one batch: a batch that spans two passes of the sampler (the pruner's or GRESO's
+permutation, verl's own sampler under ``data.gen_batch_size`` fetches) may draw a row at the end
+of one pass and again early in the next. Such groups are two samples of the same prompt under
+the same policy, so the selection takes them as what the data says: **one observation of the
+row, its pass rate over the rollouts of all its groups**. The row's state is updated once, its
+energy is shared by its groups, each group keeps its own GRPO advantages (its own uid), and the
+groups are kept or dropped by that shared energy (:func:`select_on_rows`). A batch without
+repeats takes exactly the selector's single step on its groups.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+
+from ...selector import LZESelector
+from ..selection import GroupSelection, ScoreFn, select_groups
+
+
+def host_rows(values, name: str = "prompt_index") -> np.ndarray:
+    """[n] int64 dataset rows on the host from what verl holds (a numpy object array of ints, a
+    tensor, a list). Fractional, non-finite or non-numeric values are refused, not truncated."""
+    if isinstance(values, torch.Tensor):
+        values = values.detach().cpu().numpy()
+    array = np.asarray(values)
+    if array.dtype == object:
+        array = np.asarray(array.tolist())
+    array = array.reshape(-1)
+    if array.dtype == bool or not (np.issubdtype(array.dtype, np.integer)
+                                   or np.issubdtype(array.dtype, np.floating)):
+        raise ValueError(f"{name}: expected integer dataset rows, got dtype {array.dtype}")
+    if np.issubdtype(array.dtype, np.floating):
+        bad = ~np.isfinite(array) | (array != np.floor(array))
+        if bad.any():
+            got = array[bad][0].item()
+            raise ValueError(f"{name}: expected integer dataset rows, got {got!r}")
+    return array.astype(np.int64)
+
+
+def check_row_range(rows: np.ndarray, num_prompts: int, name: str = "prompt_index") -> None:
+    """Rows in [0, N), checked on the host where verl keeps them."""
+    low, high = int(rows.min()), int(rows.max())
+    if low < 0 or high >= num_prompts:
+        raise ValueError(f"{name}: expected dataset rows in [0, {num_prompts}), got rows in "
+                         f"[{low}, {high}]")
+
+
+@dataclass
+class Repeats:
+    """How a step's groups map to their distinct rows (numbered in order of first appearance)."""
+
+    rows: np.ndarray  # [U] distinct dataset rows
+    of_group: np.ndarray  # [num_groups] position of each group's row in ``rows``
+    occurrence: np.ndarray  # [num_groups] how many earlier groups share its row
+
+    @property
+    def any(self) -> bool:
+        return self.rows.shape[0] != self.of_group.shape[0]
+
+
+def find_repeats(group_rows: np.ndarray) -> Repeats:
+    """O(num_groups) host work: one dict numbers the rows, a stable sort counts occurrences."""
+    listed = group_rows.tolist()
+    numbers = dict(zip(dict.fromkeys(listed), itertools.count()))
+    if len(numbers) == len(listed):
+        return Repeats(group_rows, np.arange(len(listed)), np.zeros(len(listed), np.int64))
+    of_group = np.fromiter(map(numbers.__getitem__, listed), np.int64, len(listed))
+    order = np.argsort(of_group, kind="stable")
+    counts = np.bincount(of_group)
+    occurrence = np.empty_like(of_group)
+    occurrence[order] = np.arange(len(listed)) - np.repeat(np.cumsum(counts) - counts, counts)
+    return Repeats(np.fromiter(numbers, np.int64, len(numbers)), of_group, occurrence)
+
+
+def merge_groups(rewards: torch.Tensor, valid: Optional[torch.Tensor], repeats: Repeats):
+    """``(merged [U, m * G], merged_valid)``: each row's groups side by side (m = the most
+    groups one row has), in batch order; unfilled cells are invalid."""
+    num_groups, width = rewards.shape
+    span = int(repeats.occurrence.max()) + 1
+    base = torch.as_tensor(repeats.of_group * span * width + repeats.occurrence * width,
+                           device=rewards.device)
+    cells = (base[:, None] + torch.arange(width, device=rewards.device)).view(-1)
+    size = repeats.rows.shape[0] * span * width
+    merged = rewards.new_zeros(size).index_copy_(0, cells, rewards.reshape(-1))
+    filled = torch.ones_like(rewards, dtype=torch.bool) if valid is None else valid
+    merged_valid = torch.zeros(size, dtype=torch.bool, device=rewards.device).index_copy_(
+        0, cells, filled.reshape(-1))
+    return merged.view(-1, span * width), merged_valid.view(-1, span * width)
+
+
+@dataclass
+class RowSelection:
+    """A policy's pick among a step's groups, their rows possibly repeated."""
+
+    keep: torch.Tensor  # [num_groups] bool: the policy keeps the group
+    selection: GroupSelection  # over the distinct rows (LZE) or the groups (DAPO)
+    repeats: Repeats
+
+    @property
+    def merged(self) -> bool:
+        """The selector saw merged rows (so its per-row outputs are not per group)."""
+        return self.selection.keep.shape[0] != self.keep.shape[0]
+
+    def group_energy(self) -> Optional[torch.Tensor]:
+        """[num_groups] LZE energy of each group's row (None for DAPO)."""
+        step = self.selection.step
+        if step is None:
+            return None
+        return step.energy[torch.as_tensor(self.repeats.of_group, device=step.energy.device)]
+
+    def ranking(self) -> tuple[list[int], int]:
+        """``(order, num_positive)``: every group, best first, and how many groups carry a
+        learning signal. LZE: the selector's kept rows in its order (descending noisy score),
+        each row's groups in batch order, then the other groups by descending energy (ties: batch
+        order); ``num_positive`` counts the groups with energy > 0. DAPO: the groups it keeps,
+        then the rest, both in batch order. One host copy."""
+        step = self.selection.step
+        if step is None:
+            keep = self.keep.cpu().numpy()
+            order = np.concatenate([np.flatnonzero(keep), np.flatnonzero(~keep)])
+            return order.tolist(), int(keep.sum())
+        energy = self.group_energy().cpu().numpy()
+        kept_rows = step.kept_indices.cpu().numpy()
+        kept_rows = kept_rows[kept_rows >= 0]
+        groups_of = np.argsort(self.repeats.of_group, kind="stable")  # grouped by row
+        counts = np.bincount(self.repeats.of_group, minlength=self.repeats.rows.shape[0])
+        starts = np.cumsum(counts) - counts
+        first = [groups_of[starts[r]:starts[r] + counts[r]] for r in kept_rows]
+        chosen = np.concatenate(first) if first else np.zeros(0, np.int64)
+        rest = np.setdiff1d(np.arange(energy.shape[0]), chosen)
+        rest = rest[np.argsort(-energy[rest], kind="stable")]
+        return np.concatenate([chosen, rest]).tolist(), int((energy > 0).sum())
+
+
+def select_on_rows(policy: str, selector: Optional[LZESelector], rewards: torch.Tensor,
+                   valid: Optional[torch.Tensor], group_rows: np.ndarray,
+                   score_fn: Optional[ScoreFn] = None) -> RowSelection:
+    """Apply ``policy`` to the groups ``rewards`` [num_groups, G] whose dataset rows are
+    ``group_rows`` (checked in range by the caller; repeats allowed). LZE runs one selector step
+    on the distinct rows, a repeated row's groups merged (module docstring); DAPO is per group."""
+    repeats = find_repeats(group_rows)
+    if policy == "dapo" or not repeats.any:
+        ids = torch.as_tensor(group_rows, device=rewards.device)
+        selection = select_groups(policy, selector, rewards, ids, valid, score_fn,
+                                  ids_checked=True)
+        return RowSelection(selection.keep, selection, repeats)
+    merged, merged_valid = merge_groups(rewards, valid, repeats)
+    selection = select_groups(policy, selector, merged,
+                              torch.as_tensor(repeats.rows, device=rewards.device), merged_valid,
+                              score_fn, ids_checked=True)
+    of_group = torch.as_tensor(repeats.of_group, device=selection.keep.device)
+    return RowSelection(selection.keep.index_select(0, of_group), selection, repeats)
