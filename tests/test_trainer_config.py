@@ -272,8 +272,8 @@ def test_derived_defaults_follow_their_settings():
     assert C.load("tiny", ["trainer.batch_size=5"]).selection.dots.reference_size == 3
 
 
-# Every method switch with its defaults on the tiny and demo presets (the e2e run of each on tiny:
-# tests/test_trainer_methods_e2e.py::test_every_switch_runs_with_its_defaults).
+# Every method switch with its defaults on the tiny and demo presets (those with a derived
+# default also train on tiny: tests/test_trainer_methods_e2e.py::test_every_derived_default_runs).
 SWITCHES = {
     "grpo": ["selection.method=grpo"],
     "dapo": ["selection.method=dapo"],

@@ -110,3 +110,27 @@ def _dots(steps):
 
 CHECKS = {"lze-release-hive": _release_hive, "greso": _greso, "lze-refill": _lze_refill,
           "speed": _speed, "dots": _dots}
+
+
+# Every setting whose default follows another (docs/config.md, "Defaults that follow other
+# settings") at that default on the tiny preset (G = 4, B = 8), with the switches that combine
+# with it: a 2-step run each. config.py's tests load every switch on tiny and demo.
+DEFAULTS = {
+    "speed-greso-top-energy": ["selection.method=speed", "selection.speed.prefilter=greso",
+                               "selection.keep_top_energy=true"],  # screening 2 of 4
+    "dots-replay": ["selection.method=dots", "replay.ratio=0.5"],  # K = 4 references
+    "lze-allocation-prune-release": ["selection.method=lze", "rollout.allocation=true",
+                                     "selection.prune=true",
+                                     "selection.keep_ratio_schedule=release"],  # n_max = 8
+    "grpo-hive": ["selection.method=grpo", "selection.entropy_filter=true"],  # pool 4 x B
+}
+SHORT_RUN = ["rollout.engine=vllm", "trainer.total_steps=2", "trainer.eval_every=0",
+             "data.eval=[]", "trainer.save_every=0", "trainer.save_hf_model=false",
+             "reward.function=trainer_rewards:even_length"]
+
+
+@pytest.mark.parametrize("switch", sorted(DEFAULTS))
+def test_every_derived_default_runs(switch, tmp_path):
+    result = train(tmp_path / switch, *SHORT_RUN, *DEFAULTS[switch])
+    assert result.returncode == 0, tail(result)
+    assert sorted(_steps(tmp_path / switch)) == [1, 2]
