@@ -11,6 +11,7 @@ TransferQueue itself, with the keys, tags and fields ``AgentLoopWorkerTQ`` write
 dataloader, rolled out to groups of known rewards).
 """
 
+import os
 import types
 import uuid
 
@@ -425,3 +426,28 @@ def test_dataset_refuses_dataloader_workers():
     data = StatefulDataLoader(dataset, batch_size=2, num_workers=1)
     with pytest.raises(RuntimeError, match="dataloader_num_workers"):
         next(iter(data))
+
+
+def test_verls_create_rl_dataset_builds_the_dataset_class(tmp_path):
+    """verl builds data.custom_cls by keyword (create_rl_dataset: data_files, tokenizer,
+    processor, config, max_samples): LZERLHFDataset takes them as RLHFDataset does and knows it
+    serves the training files."""
+    import pandas as pd
+    from hydra import compose, initialize_config_dir
+    from verl.trainer import main_ppo
+    from verl.trainer.ppo.utils import create_rl_dataset
+
+    train = str(tmp_path / "train.parquet")
+    pd.DataFrame({"prompt": [[{"role": "user", "content": f"{i} + 1?"}] for i in range(5)],
+                  "data_source": ["sums"] * 5,
+                  "reward_model": [{"ground_truth": str(i + 1)} for i in range(5)],
+                  "extra_info": [{"index": i} for i in range(5)]}).to_parquet(train)
+    config_dir = os.path.join(os.path.dirname(main_ppo.__file__), "config")
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        config = compose(config_name="ppo_trainer", overrides=[
+            f"data.train_files={train}", f"data.val_files={train}",
+            "data.filter_overlong_prompts=false",
+            "data.custom_cls.path=pkg://lze_kernels.integrations.verl.checkpoint",
+            "data.custom_cls.name=LZERLHFDataset"])
+    dataset = create_rl_dataset(config.data.train_files, config.data, None, None)
+    assert isinstance(dataset, LZERLHFDataset) and len(dataset) == 5 and dataset.is_train

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # GRPO with LZE selection in verl 0.9.1's v1 trainer (trainer.use_v1=true, the default), on one
 # node of 8 GPUs. Not run in this project's CI (no GPU); its selection path is what
-# tests/test_verl_v1.py runs through verl's ReplayBuffer, TransferQueue and dataloader.
+# tests/test_verl_v1.py runs through verl's ReplayBuffer, TransferQueue and dataloader, and
+# tests/test_verl_fit.py through verl's own fit() on the CPU.
 #
-#   pip install "verl[vllm]==0.9.1" lze-kernels   (or this repository: pip install .)
+#   pip install "verl[vllm]==0.9.1" && pip install /path/to/a/clone/of/lze-kernels
 #   bash examples/verl/run_lze_grpo.sh [extra hydra overrides]
 #
 # MODE=topk (the default, LZE as its paper runs it): each step rolls out train_batch_size (K)

@@ -89,8 +89,8 @@ class LZERLHFDataset(_dataset_base()):
     item the train dataloader fetches is the row that sampler chooses next, whatever position
     verl's sampler asked for. The validation set (other ``data_files``) is never remapped."""
 
-    def __init__(self, data_files, tokenizer, processor, config, *args, **kwargs):
-        super().__init__(data_files, tokenizer, processor, config, *args, **kwargs)
+    def __init__(self, data_files, tokenizer, config, processor=None, *args, **kwargs):
+        super().__init__(data_files, tokenizer, config, processor, *args, **kwargs)
         train_files = config.get("train_files") if hasattr(config, "get") else None
         self.is_train = _file_list(data_files) == _file_list(train_files)
 
