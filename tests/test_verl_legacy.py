@@ -161,6 +161,7 @@ def test_the_kept_groups_alone_reach_the_update_as_plain_grpo(registered):
         assert rows_in(trainer, batch) == kept and len(kept) == 4
         assert len(batch) == 4 * GROUP == metrics["lze/rows_past_reward"]
         assert metrics["lze/groups_rolled_out"] == 8
+        assert metrics["lze/score_mean_rolled_out"] == pytest.approx(sum(counts) / (8 * GROUP))
         got = advantages(batch, trainer.config.algorithm.adv_estimator)
         torch.testing.assert_close(got, advantages(batch, "grpo"), rtol=0, atol=1e-6)
         assert got.abs().sum() > 0

@@ -124,6 +124,8 @@ def test_topk_updates_on_the_top_k_of_the_k_prompts_rolled_out(transfer_queue):
     assert len(batch.keys) == 4 * GROUP
     assert sorted(tq.kv_list("train")["train"]) == sorted(batch.keys)  # the rest cleared
     assert metrics["lze/kept_groups"] == 4 and metrics["lze/groups_rolled_out"] == 8
+    assert metrics["lze/score_mean_rolled_out"] == pytest.approx(
+        float(rewards_of(rows).mean()))
     clear_train_partition()
 
 

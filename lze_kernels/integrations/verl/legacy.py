@@ -130,8 +130,10 @@ class LZERayPPOTrainer(RayPPOTrainer):
         kept_rows = self._cut_to_kept(batch, selected, estimator)
         estimator.expect_selected(batch.non_tensor_batch["uid"], selected)
         metrics.update(selection_metrics(selected.rows.selection, estimator.selector))
+        # verl's own critic/score/* metrics describe the kept rows from here on.
         metrics.update({"lze/groups_rolled_out": selected.groups.host_first.shape[0],
-                        "lze/rows_past_reward": kept_rows})
+                        "lze/rows_past_reward": kept_rows,
+                        "lze/score_mean_rolled_out": float(selected.scores.mean())})
 
     def groups_to_keep(self, num_groups: int, estimator: LZEAdvantage, num_positive: int) -> int:
         """The groups one step keeps (module docstring): a multiple of ``ppo_mini_batch_size``

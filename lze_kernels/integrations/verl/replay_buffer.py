@@ -115,6 +115,7 @@ class LZEReplayBuffer(ReplayBuffer):
         self.forward = None if forward is None else self._forward_sampler(dict(forward),
                                                                           num_prompts)
         self.last_metrics: dict = {}
+        self._rolled_out_scores: list = []  # every response's score in this step's rounds
         checkpoint.register("replay_buffer", self)
         if self.forward is not None:
             checkpoint.register(checkpoint.FORWARD, self.forward)
@@ -124,6 +125,7 @@ class LZEReplayBuffer(ReplayBuffer):
         most ``floor(batch_size x keep_ratio)``; refill: up to ``batch_size``)."""
         if partition_id == "val":
             return super().sample(global_steps, partition_id, batch_size)
+        self._rolled_out_scores = []
         if self.mode == "topk":
             batch, metrics = super().sample(global_steps, partition_id, batch_size)
             keys, tags, kept = self._select(batch, num_keep(batch_size, self.keep_ratio))
@@ -162,8 +164,11 @@ class LZEReplayBuffer(ReplayBuffer):
         return self._batch(partition_id, keys, tags, metrics, kept_groups, rounds, rolled_out)
 
     def _batch(self, partition_id, keys, tags, metrics, kept_groups, rounds, rolled_out):
+        # verl's own critic/score/* metrics describe the kept groups only.
+        score_mean = torch.cat(self._rolled_out_scores).mean().item()
         metrics.update({"lze/rounds": rounds, "lze/kept_groups": kept_groups,
-                        "lze/groups_rolled_out": rolled_out, **self.last_metrics})
+                        "lze/groups_rolled_out": rolled_out,
+                        "lze/score_mean_rolled_out": score_mean, **self.last_metrics})
         return KVBatchMeta(partition_id=partition_id, keys=keys, tags=tags), metrics
 
     def _candidates(self, groups: int) -> int:
@@ -185,6 +190,7 @@ class LZEReplayBuffer(ReplayBuffer):
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
                                select_fields=[REWARD_FIELD, self.index_field])
         scores = torch.stack([reward.sum() for reward in data[REWARD_FIELD]]).float()
+        self._rolled_out_scores.append(scores)
         groups = group_by_uid(np.array([key.split("_")[0] for key in batch.keys], dtype=object),
                               "cpu")
         raw, valid = _layout(scores, groups)
