@@ -22,6 +22,7 @@ from omegaconf import OmegaConf
 
 pytest.importorskip("verl")
 
+from crafted_state import Payload, same  # noqa: E402
 from torch.utils.data import SequentialSampler  # noqa: E402
 from torchdata.stateful_dataloader import StatefulDataLoader  # noqa: E402
 from verl import DataProto  # noqa: E402
@@ -36,6 +37,7 @@ from lze_kernels.integrations.verl import LZEAdvantage  # noqa: E402
 from lze_kernels.integrations.verl.forward import ForwardSampler  # noqa: E402
 from lze_kernels.integrations.verl.legacy import (SELECTION_FILE,  # noqa: E402
                                                   LZERayPPOTrainer, check_settings)
+from lze_kernels.serialization import UnsafeStateFileError  # noqa: E402
 
 GROUP, LENGTH = 4, 6
 CONFIG = LZEConfig(keep_ratio=0.5, noise_scale=0.0)
@@ -394,18 +396,7 @@ def test_observe_refuses_bad_rows_and_leaves_the_state(method):
         ids = rows if isinstance(rows, torch.Tensor) else torch.tensor(rows)
         with pytest.raises(ValueError, match=name):
             sampler.observe(ids, rewards)
-    assert same_state(sampler.state_dict(), before)
-
-
-def same_state(a, b) -> bool:
-    """Equal state dicts, tensors bit for bit (NaN equal to NaN: DOTS's unseen labels)."""
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(same_state(a[k], b[k]) for k in a)
-    if isinstance(a, torch.Tensor):
-        return (a.dtype == b.dtype and a.shape == b.shape
-                and bool(((a == b) | (a.isnan() & b.isnan()) if a.is_floating_point()
-                          else a == b).all()))
-    return a == b
+    assert same(sampler.state_dict(), before)
 
 
 # ----------------------------------------------------------------------------- repeated rows
@@ -541,3 +532,15 @@ def test_a_checkpoint_without_the_selection_file_is_refused(tmp_path, registered
                                  name=trainer.config.algorithm.adv_estimator)
     with pytest.raises(ValueError, match=SELECTION_FILE):
         resumed._load_checkpoint()
+
+
+def test_a_crafted_selection_file_is_refused_and_never_runs(tmp_path, registered):
+    trainer, data, _ = resume_parts("greso", tmp_path, registered)
+    run_legacy(trainer, data, 3, {r: 0.5 for r in range(NUM_PROMPTS)}, save_at=3)
+    marker = tmp_path / "ran"
+    torch.save(Payload(marker), tmp_path / "global_step_3" / SELECTION_FILE)
+    resumed, _, _ = resume_parts("greso", tmp_path, registered,
+                                 name=trainer.config.algorithm.adv_estimator)
+    with pytest.raises(UnsafeStateFileError, match="builtins.exec"):
+        resumed._load_checkpoint()
+    assert not marker.exists()

@@ -49,6 +49,7 @@ from verl.trainer.ppo.core_algos import get_adv_estimator_fn
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
 from ...config import num_keep
+from ...serialization import load_state_file
 from ..selection import selection_metrics, unit_scores
 from .estimator import LZEAdvantage, Selected, _layout, group_by_uid, rows_by_uid
 from .forward import ForwardSampler
@@ -98,7 +99,7 @@ class LZERayPPOTrainer(RayPPOTrainer):
                 raise ValueError(f"{path}: the checkpoint holds no LZE selection state (was it "
                                  "written by LZERayPPOTrainer?); resuming without it would "
                                  "start the selection afresh")
-            self.load_selection_state_dict(torch.load(path, weights_only=True))
+            self.load_selection_state_dict(load_state_file(path, "LZE selection state"))
         return resumed
 
     # ------------------------------------------------------------------------- the hooks' work
