@@ -214,10 +214,15 @@ def test_k_is_the_largest_multiple_verl_can_split(registered, mini, dp, kept):
 
 
 def test_a_k_verl_cannot_split_is_refused_naming_both_numbers(registered):
+    """Once the workers report the data-parallel size (init_workers), and for the mini-batch
+    alone already at __init__ (check_settings), before any worker starts."""
     lze = LZEAdvantage(12, CONFIG)
-    trainer = trainer_without_workers(dp_size=2, mini=5, estimator=registered(lze))
-    with pytest.raises(ValueError, match=r"ppo_mini_batch_size \(5\).*data-parallel size \(2\)"):
+    trainer = trainer_without_workers(dp_size=32, mini=2, estimator=registered(lze))
+    with pytest.raises(ValueError, match=r"ppo_mini_batch_size \(2\).*data-parallel size \(32\)"):
         trainer.groups_to_keep(8, lze, 0)
+    loader = types.SimpleNamespace(sampler=None, num_workers=0)
+    with pytest.raises(ValueError, match=r"at most 4 of 8 .* ppo_mini_batch_size \(5\)"):
+        check_settings(trainer_config(mini=5), loader, lze)
 
 
 def test_dapo_keeps_the_mixed_groups_filled_to_a_multiple(registered):

@@ -139,22 +139,8 @@ class LZERayPPOTrainer(RayPPOTrainer):
     def groups_to_keep(self, num_groups: int, estimator: LZEAdvantage, num_positive: int) -> int:
         """The groups one step keeps (module docstring): a multiple of ``ppo_mini_batch_size``
         whose rows divide among the data-parallel ranks."""
-        mini = self.config.actor_rollout_ref.actor.ppo_mini_batch_size
-        n = self._rollout_n()
         dp = self._get_dp_size(self.actor_rollout_wg, "actor")
-        unit = math.lcm(mini, dp // math.gcd(dp, n))
-        if estimator.policy == "dapo":
-            return min(num_groups, max(unit, -(-num_positive // unit) * unit))
-        ratio = estimator.selector.config.keep_ratio
-        most = num_keep(num_groups, ratio)
-        if most < unit:
-            raise ValueError(
-                f"actor_rollout_ref.actor.ppo_mini_batch_size: LZE keeps at most {most} of "
-                f"{num_groups} groups per step (keep_ratio {ratio}); verl needs the kept groups "
-                f"in whole mini-batches of ppo_mini_batch_size ({mini}) groups, and their rows "
-                f"(groups x rollout.n = {n}) divisible by the data-parallel size ({dp}), so a "
-                f"multiple of {unit} groups: lower ppo_mini_batch_size or raise keep_ratio")
-        return most // unit * unit
+        return groups_to_keep(self.config, num_groups, estimator, num_positive, dp)
 
     def selection_state_dict(self) -> dict:
         """The selection parts' state (what ``lze_selection.pt`` holds)."""
@@ -236,7 +222,8 @@ class LZERayPPOTrainer(RayPPOTrainer):
 
 
 def check_settings(config, dataloader, estimator: Optional[LZEAdvantage]) -> None:
-    """Refuse the settings under which the selection would act late or on stale state."""
+    """Refuse the settings under which the selection would act late or on stale state, or keep
+    no whole mini-batch (the data-parallel size is checked once the workers exist)."""
     sampler = dataloader.sampler if isinstance(dataloader.sampler, ForwardSampler) else None
     if sampler is not None and dataloader.num_workers != 0:
         raise ValueError(f"data.dataloader_num_workers: the forward sampler needs 0 (got "
@@ -246,11 +233,33 @@ def check_settings(config, dataloader, estimator: Optional[LZEAdvantage]) -> Non
         raise ValueError("trainer.balance_batch: LZERayPPOTrainer selects in _balance_batch, "
                          "the one step of fit between the rewards and the log-prob passes; set "
                          "it to true")
+    if estimator is not None and estimator.policy == "lze":  # the mini-batch part, before dp
+        groups_to_keep(config, config.data.train_batch_size, estimator, 0, dp=1)
     if sampler is not None and sampler.method == "pruner" and (
             estimator is None or sampler.selector is not estimator.selector):
         raise ValueError("train_sampler: the pruner skips the prompts the registered "
                          "LZEAdvantage's selector has pruned; build it with "
                          "selector=<that estimator>.selector")
+
+
+def groups_to_keep(config, num_groups: int, estimator: LZEAdvantage, num_positive: int,
+                   dp: int) -> int:
+    """:meth:`LZERayPPOTrainer.groups_to_keep` for a data-parallel size ``dp``."""
+    mini = config.actor_rollout_ref.actor.ppo_mini_batch_size
+    n = config.actor_rollout_ref.rollout.n
+    unit = math.lcm(mini, dp // math.gcd(dp, n))
+    if estimator.policy == "dapo":
+        return min(num_groups, max(unit, -(-num_positive // unit) * unit))
+    ratio = estimator.selector.config.keep_ratio
+    most = num_keep(num_groups, ratio)
+    if most < unit:
+        raise ValueError(
+            f"actor_rollout_ref.actor.ppo_mini_batch_size: LZE keeps at most {most} of "
+            f"{num_groups} groups per step (keep_ratio {ratio}); verl needs the kept groups in "
+            f"whole mini-batches of ppo_mini_batch_size ({mini}) groups, and their rows (groups "
+            f"x rollout.n = {n}) divisible by the data-parallel size ({dp}), so a multiple of "
+            f"{unit} groups: lower ppo_mini_batch_size or raise keep_ratio")
+    return most // unit * unit
 
 
 def _registered_estimator(name):
