@@ -17,6 +17,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from conftest import KERNEL_BACKENDS, backend_param, predict_param
 from lze_kernels import LZESelector, ops
@@ -473,3 +474,25 @@ def test_ops_module_documents_the_fault_check():
     assert "raise_if_faulted" in ops.__all__ and "raise_if_faulted" in ops.lze_update.__doc__
     assert L.FAULT_MESSAGES  # every fault bit has a message that names its argument
     assert all(re.match(r"^(prompt_ids|rewards): expected", m) for m in L.FAULT_MESSAGES.values())
+
+
+def test_checks_read_metadata_only():
+    """The checked ops trace with torch.compile(fullgraph=True) (a value read would break the
+    graph) and run on fake tensors, which have no values at all."""
+    torch._dynamo.reset()
+
+    def update_and_select(rewards, prompt_ids, valid, state):
+        stats = ops.lze_update(rewards, prompt_ids, state, valid, backend="torch")
+        return ops.topk_mask(stats.energy, 3, 0.05, 7, state.step_counter, backend="torch")
+
+    gen = torch.Generator().manual_seed(0)
+    inputs = ((torch.rand(8, 4, generator=gen) < 0.5).float(),
+              torch.randperm(50, generator=gen)[:8], torch.rand(8, 4, generator=gen) < 0.8)
+    state, twin = ops.new_state(50), ops.new_state(50)
+    compiled = torch.compile(update_and_select, fullgraph=True, backend="eager")
+    got, want = compiled(*inputs, state), update_and_select(*inputs, twin)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    with FakeTensorMode():
+        selection = update_and_select(torch.rand(8, 4), torch.randperm(50)[:8],
+                                      torch.rand(8, 4) < 0.8, ops.new_state(50))
+        assert selection.kept_indices.shape == (3,)
