@@ -92,7 +92,9 @@ def _packages() -> list[str]:
 setup(
     packages=_packages(),
     package_dir={"lze_trainer": "trainer"},
-    package_data={"lze_trainer": ["configs/*.yaml"]},
+    # The presets, and the warmed models they start from (lze_trainer.warm_starts).
+    package_data={"lze_trainer": ["configs/*.yaml", *(f"warm_starts/*/{pattern}" for pattern in (
+        "SHA256SUMS", "*.json", "*.jinja", "*.safetensors"))]},
     ext_modules=[
         CMakeExtension("_lze_cpu", optional=False),
         CMakeExtension("_lze_cuda_emu", optional=True),

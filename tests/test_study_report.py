@@ -13,25 +13,27 @@ from pathlib import Path
 import pytest
 
 from lze_trainer.study import budget_of, is_finished
-from lze_trainer.study_report import (CSV_FILE, MARKDOWN_FILE, WALL_FILE, at_budget, crossing,
-                                      curve, goal_verdict, run_rows, table_rows, value_at,
-                                      write_report)
+from lze_trainer.study_report import (CSV_FILE, LOAD_FILE, MARKDOWN_FILE, WALL_FILE, at_budget,
+                                      crossing, curve, goal_verdict, run_rows, table_rows,
+                                      value_at, write_report)
 
 GRPO = [0.1, 0.2, 0.3, 0.4, 0.5]
 
 
 def _write_run(folder, accuracies, flops_per_step, every=1, step_s=1.0, wall=60.0,
-               trained=(8.0, 3.0)):
+               trained=(8.0, 3.0), tokens=40.0, entropy_tokens=0.0):
     """A run of ``every x (len(accuracies) - 1)`` steps evaluated every ``every`` steps and at
     step 0: greedy = accuracies[k] at its k-th point, sampled = half of it; ``trained``: groups
-    trained per step, and how many of them had zero reward variance."""
+    trained per step, and how many of them had zero reward variance; ``tokens`` generated and
+    ``entropy_tokens`` prefilled for HIVE's entropy per step."""
     folder.mkdir(parents=True)
     rows = [{"step": 0, "startup_s/data": 1.0},
             {"step": 0, "eval/heldout/pass@1": accuracies[0],
              "eval/heldout/sampled_acc": accuracies[0] / 2}]
     for step in range(1, every * (len(accuracies) - 1) + 1):
         row = {"step": step, "total/flops": step * flops_per_step,
-               "total/rollouts": 8.0 * step, "total/generated_tokens": 40.0 * step,
+               "total/rollouts": 8.0 * step, "total/generated_tokens": tokens * step,
+               "total/forward/entropy": entropy_tokens * step,
                "total/update_tokens": 10.0 * step, "timing_s/step": step_s,
                "total/update_groups": trained[0] * step,
                "total/zero_variance_trained": trained[1] * step,
@@ -44,6 +46,7 @@ def _write_run(folder, accuracies, flops_per_step, every=1, step_s=1.0, wall=60.
         rows.append(row)
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (folder / WALL_FILE).write_text(f"{wall}\n")
+    (folder / LOAD_FILE).write_text(json.dumps({"mean": 1.5, "max": 2.0}) + "\n")
 
 
 @pytest.fixture
@@ -87,14 +90,24 @@ def test_compute_to_ninety_percent_of_grpo_gain_and_to_its_final(study):
     grpo, lze, slow = (table[("pass@1", m)] for m in ("grpo", "lze", "slow"))
     # GRPO: 0.1 -> 0.5, so 90 % of its gain is 0.46, crossed at 300 + 0.6 x 100 = 360 FLOPs.
     assert grpo["targets"].gain == pytest.approx(0.46) and grpo["targets"].final == 0.5
-    assert grpo["gain_flops"] == pytest.approx(1.0) and grpo["gain_paired"] == [1.0, 1.0]
+    assert grpo["gain"]["flops"] == pytest.approx(1.0) and grpo["gain_paired"]["flops"] == [1, 1]
     # LZE: 0.3 at 200 FLOPs, 0.5 at 300: 0.46 at 280, after 5.6 steps of 0.5 s vs GRPO's 3.6 s.
-    assert lze["gain_flops"] == pytest.approx(280 / 360)
-    assert lze["gain_wall"] == pytest.approx((280 / 50 * 0.5) / 3.6)
-    assert lze["gain_paired"] == [pytest.approx(280 / 360)] * 2
+    assert lze["gain"]["flops"] == pytest.approx(280 / 360)
+    assert lze["gain"]["wall_s"] == pytest.approx((280 / 50 * 0.5) / 3.6)
+    assert lze["gain_paired"]["flops"] == [pytest.approx(280 / 360)] * 2
+    # It generates as many tokens a step as GRPO (it rolls out every prompt) in 5.6 steps to
+    # GRPO's 3.6: backward selection alone saves no rollout tokens.
+    assert lze["gain"]["rollout_tokens"] == pytest.approx(5.6 / 3.6)
+    assert lze["gain_paired"]["rollout_tokens"] == [pytest.approx(5.6 / 3.6)] * 2
     # GRPO's final 0.5: LZE at 300 FLOPs, GRPO at 400.
-    assert lze["final_flops"] == pytest.approx(300 / 400)
-    assert slow["gain_flops"] is None and slow["gain_paired"] == [None, None]
+    assert lze["final"]["flops"] == pytest.approx(300 / 400)
+    assert slow["gain"]["flops"] is None and slow["gain_paired"]["flops"] == [None, None]
+
+
+def test_generated_tokens_count_every_purpose_and_the_entropy_prefill(tmp_path):
+    _write_run(tmp_path / "hive-s0", GRPO, 100.0, tokens=30.0, entropy_tokens=5.0)
+    rows = run_rows("hive", 0, tmp_path / "hive-s0")
+    assert rows[-1]["generated_tokens"] == 120.0 and rows[-1]["rollout_tokens"] == 140.0
 
 
 def test_accuracy_at_shares_of_the_budget_with_paired_differences(study):
@@ -116,18 +129,24 @@ def test_a_run_that_stopped_short_has_no_value_at_the_full_budget(tmp_path):
     base, capped = (curve(rows[m], [0], "pass@1") for m in ("grpo", "capped"))
     assert at_budget(capped, base, 0.5)["mean"] == pytest.approx(0.3)
     assert at_budget(capped, base, 1.0) is None
-    text = write_report({m: [runs / f"{m}-s0"] for m in rows}, "grpo", tmp_path / "out").read_text()
-    assert ("| capped (1) | 0.200 ± n/a | +0.000 ± n/a | 0.300 ± n/a | +0.000 ± n/a "
+    text = write_report({m: [runs / f"{m}-s0"] for m in rows}, "grpo", tmp_path / "out",
+                        rates={"grpo": 3e-4, "capped": 3e-4}).read_text()
+    assert ("| capped (1) | 0.0003 | 0.200 ± n/a | +0.000 ± n/a | 0.300 ± n/a | +0.000 ± n/a "
             "| ran short |") in text
 
 
-def test_goal_needs_both_ratios_on_both_metrics_and_a_lead_of_two_paired_se(study):
+def test_goal_needs_every_ratio_on_both_metrics_and_a_lead_of_two_paired_se(study):
     table = list(_table(study).values())
     verdict = goal_verdict(table, "lze")
-    assert "**not met** by `lze`" in verdict and "0.78x the FLOPs" in verdict
-    fast = [{**t, "method": "fast", "gain_flops": 0.4, "gain_wall": 0.5} for t in table
-            if t["method"] == "lze"]
+    assert "**not met** by `lze`" in verdict and "0.78x the FLOPs (goal 0.5x)" in verdict
+    fast = [{**t, "method": "fast", "gain": {"flops": 0.4, "wall_s": 0.5, "rollout_tokens": 0.7}}
+            for t in table if t["method"] == "lze"]
     assert "**met** by `fast`" in goal_verdict(table + fast, "fast")
+    # Where the goal counts generated tokens too (many passes), their ratio alone can miss.
+    tokens = goal_verdict(table + fast, "fast", ("flops", "wall_s", "rollout_tokens"), "many-pass")
+    assert tokens.startswith("**Goal, many-pass**") and "0.5x its generated tokens" in tokens
+    assert "**not met** by `fast`: on greedy pass@1 it needs 0.70x the generated tokens" in tokens
+    assert "FLOPs (goal" not in tokens
     level = [{**t, "at": {**t["at"], 1.0: {**t["at"][1.0], "diff": 0.01, "diff_se": 0.01}}}
              for t in fast]
     assert "not two SE above" in goal_verdict(table + level, "fast")
@@ -135,23 +154,91 @@ def test_goal_needs_both_ratios_on_both_metrics_and_a_lead_of_two_paired_se(stud
 
 def test_report_files(study, tmp_path):
     out = tmp_path / "report"
-    path = write_report(study, "grpo", out)
+    path = write_report(study, "grpo", out, rates={"grpo": 3e-4, "lze": 1.5e-4})
     text = path.read_text()
     assert path == out / MARKDOWN_FILE
-    assert ("| lze (2) | 0.200 ± 0.000 | +0.000 ± 0.000 | 0.300 ± 0.000 | +0.000 ± 0.000 | "
-            "0.560 ± 0.010 | +0.060 ± 0.010 | 0.78x (0.78x, 0.78x) |") in text
+    assert ("| lze (2) | 0.00015 | 0.200 ± 0.000 | +0.000 ± 0.000 | 0.300 ± 0.000 | "
+            "+0.000 ± 0.000 | 0.560 ± 0.010 | +0.060 ± 0.010 |") in text
+    assert "| lze | 0.78x (0.78x, 0.78x) | 0.78x | 1.56x (1.56x, 1.56x) | 0.75x (0.75x, 0.75x) |" \
+        in text
     assert "slow does not help on greedy pass@1: it never reached 90 % of plain GRPO's gain" in text
-    assert "lze reached 90 % of plain GRPO's gain on greedy pass@1 with 0.78x its FLOPs" in text
+    assert ("lze reached 90 % of plain GRPO's gain on greedy pass@1 with 0.78x its FLOPs, 0.78x "
+            "its wall time and 1.56x its generated tokens") in text
     assert ("at the full budget it is -0.200 ± 0.000 against plain GRPO (paired), below it by "
             "more than two SE.") in text
-    assert "Budget: plain GRPO's 4 steps, 400 FLOPs" in text
+    assert "Budget: plain GRPO (`grpo`, learning rate 0.0003) 4 steps, 400 FLOPs" in text
     assert "50 % of the groups had zero reward variance (20 % all right, 30 % all wrong" in text
     assert "The runs took 6 min in all" in text
+    assert "| lze-s0 | 1.0 | 0.50 | 1.5 | 2.0 |" in text  # the runs with their load
     with open(out / CSV_FILE) as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 2 * (5 + 9 + 5)
-    for png in ("study_accuracy.png", "study_zero_variance.png"):
+    for png in ("study_accuracy.png", "study_accuracy_top.png", "study_zero_variance.png"):
         assert (out / png).stat().st_size > 10_000
+
+
+def test_the_summary_holds_the_verdict_and_grpo_with_the_best_methods(study, tmp_path):
+    runs = tmp_path / "runs"
+    for seed in (0, 1):  # a fourth method, so that the summary leaves one out
+        _write_run(runs / f"level-s{seed}", GRPO, 100.0)
+    methods = {**study, "level": [runs / f"level-s{s}" for s in (0, 1)]}
+    text = write_report(methods, "grpo", tmp_path / "report", rates={"grpo": 1.5e-4},
+                        search={"best": {"method": "lze", "candidates": ["lze"], "seeds": [10],
+                                         "ratios": {}},
+                                "report": tmp_path / "search" / MARKDOWN_FILE}).read_text()
+    summary = text.split("## Summary")[1].split("\n## ")[0]
+    assert "**Goal** (the best method reaches 90 % of tuned plain GRPO's gain" in summary
+    lines = [line for line in summary.splitlines() if line.startswith("| ")]
+    # GRPO first, then the best three by their worst ratio: lze, level (1.0x), slow (never).
+    assert [line.split(" | ")[0] for line in lines[1:]] == ["| grpo", "| lze", "| level", "| slow"]
+    assert lines[1].startswith("| grpo | 0.00015 | 0.500 (+0.000 ± 0.000) | 0.250 (+0.000 ± 0.000) "
+                               "| 1.00x / 1.00x | 1.00x / 1.00x | 1.00x / 1.00x |")
+
+
+def test_the_search_tunes_each_baseline_by_how_high_it_ends(tmp_path, monkeypatch):
+    from lze_trainer.study_report import end_score, read_best, tuned_variant
+
+    runs = tmp_path / "runs"
+    ends = {"grpo-lr0.5": 0.6, "grpo": 0.5, "grpo-lr2": 0.4}
+    for name, end in ends.items():
+        _write_run(runs / f"{name}-s10", [0.1, 0.2, 0.3, 0.4, end], 100.0)
+    folders = {m: [runs / f"{m}-s10"] for m in ends}
+    # The last four points, greedy and sampled (half of greedy) averaged.
+    assert end_score(folders["grpo"]) == pytest.approx(0.75 * (0.2 + 0.3 + 0.4 + 0.5) / 4)
+    assert tuned_variant(folders) == "grpo-lr0.5"
+    _write_run(runs / "lze-s10", [0.1, 0.3, 0.5, 0.6, 0.7], 50.0, every=2)
+    text = write_report({**folders, "lze": [runs / "lze-s10"]}, "grpo-lr0.5", tmp_path / "search",
+                        rates={"grpo-lr0.5": 1.5e-4, "grpo": 3e-4, "grpo-lr2": 6e-4},
+                        candidates=["lze"], tuned={"grpo": list(ends)}).read_text()
+    assert read_best(tmp_path / "search")["tuned"] == {"grpo": "grpo-lr0.5"}
+    assert "| grpo-lr0.5 | 0.00015 | 0.281 | yes |" in text
+    assert "`grpo-lr0.5` is at the grid's edge" in text
+
+
+def test_main_methods_run_the_tuned_baselines_and_the_pick(tmp_path, monkeypatch):
+    from lze_trainer.study import METHODS, REGIMES, main_methods, overrides
+
+    regime = REGIMES["one-pass"]
+    monkeypatch.chdir(tmp_path)
+    assert main_methods(regime) == ("grpo", list(METHODS))  # before any search
+    regime.search_report.mkdir(parents=True)
+    (regime.search_report / "best.json").write_text(json.dumps(
+        {"method": "lze-refill-lr0.5", "tuned": {"grpo": "grpo-lr0.5", "dapo": "dapo-lr2"}}))
+    baseline, methods = main_methods(regime)
+    assert baseline == "grpo-lr0.5" and methods[:2] == ["grpo-lr0.5", "dapo-lr2"]
+    assert methods[-1] == "lze-refill-lr0.5" and "lze" in methods and len(methods) == 12
+    assert overrides("lze-refill-lr0.5", "study") == [
+        "selection.method=lze", "selection.refill=true", "actor.lr=0.00015"]
+
+
+def test_a_method_name_with_a_learning_rate_is_split_and_checked():
+    from lze_trainer.study import split_variant, variant
+
+    assert variant("grpo", 1.0) == "grpo" and variant("grpo", 0.5) == "grpo-lr0.5"
+    assert split_variant("greso-lze-lr2") == ("greso-lze", 2.0)
+    assert split_variant("speed-greso-lze") == ("speed-greso-lze", 1.0)
+    with pytest.raises(SystemExit, match="unknown method 'nope-lr2'"):
+        split_variant("nope-lr2")
 
 
 def test_one_seed_has_no_se_so_nothing_is_called_below_plain_grpo(study, tmp_path):
@@ -254,55 +341,56 @@ def test_no_ratio_when_grpo_never_beats_its_start(tmp_path):
     assert "never rose above its start, so no ratio is defined for lze" in text
 
 
-def test_readme_quotes_the_report_tables_between_its_markers(tmp_path):
+def test_readme_quotes_each_regimes_summary_between_its_markers(study, tmp_path):
     from lze_trainer.study_report import README_BEGIN, README_END, quote_in_readme
 
-    report = tmp_path / "study.md"
-    report.write_text("# Title\n\nsetup\n\n## Held-out greedy pass@1\n\n| a |\n|---|\n| 1 |\n\n"
-                      "## Held-out sampled accuracy\n\n| b |\n\n## What the numbers say\n\n- x\n\n"
-                      "**Goal** (...): **not met**.\n\n## Training signal per step\n")
+    reports = {"one-pass": write_report(study, "grpo", tmp_path / "docs"),
+               "many-pass": write_report(study, "grpo", tmp_path / "docs" / "many")}
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{README_BEGIN}\nold\n{README_END}\noutro\n")
-    assert quote_in_readme(report, readme)
+    assert quote_in_readme(reports, readme)
     text = readme.read_text()
     assert "old" not in text and text.startswith("intro\n") and text.endswith("outro\n")
-    assert "#### Held-out greedy pass@1" in text and "| 1 |" in text and "| b |" in text
-    assert "What the numbers say" not in text and "Training signal" not in text
-    assert "| b |\n\n**Goal** (...): **not met**.\n<!--" in text
+    assert "#### One-pass ([full report](docs/study.md))" in text
+    assert "#### Many-pass ([full report](docs/many/study.md))" in text
+    assert text.count("| grpo | - |") == 2 and "| lze |" in text
+    assert "Held-out greedy" not in text and "Training signal" not in text
     plain = tmp_path / "PLAIN.md"
     plain.write_text("no markers\n")
-    assert not quote_in_readme(report, plain) and plain.read_text() == "no markers\n"
+    assert not quote_in_readme(reports, plain) and plain.read_text() == "no markers\n"
 
 
 def test_the_search_picks_the_smallest_worst_ratio_and_the_main_report_names_it(
         study, tmp_path, monkeypatch):
-    from lze_trainer.study import ALL_METHODS, DOCS, METHODS, SEARCH_DIR, study_methods
+    from lze_trainer.study import REGIMES, main_methods, overrides
     from lze_trainer.study_report import read_best
 
+    regime = REGIMES["one-pass"]
     monkeypatch.chdir(tmp_path)
-    search_report = {"best": None, "report": DOCS / SEARCH_DIR / MARKDOWN_FILE}
-    assert read_best(DOCS / SEARCH_DIR) is None and study_methods() == list(METHODS)
-    before = write_report(study, "grpo", DOCS, search=search_report).read_text()
+    search_report = {"best": None, "report": regime.search_report / MARKDOWN_FILE}
+    before = write_report(study, "grpo", regime.report, search=search_report).read_text()
     assert "best combination found" not in before and "**Goal**" not in before
-    search = write_report(study, "grpo", DOCS / SEARCH_DIR, candidates=["slow", "lze"]).read_text()
-    best = read_best(DOCS / SEARCH_DIR)
+    search = write_report(study, "grpo", regime.search_report,
+                          candidates=["slow", "lze"]).read_text()
+    best = read_best(regime.search_report)
     # LZE reaches 90 % of GRPO's gain at 280 of its 360 FLOPs and 2.8 of its 3.6 s; slow never.
     assert best["method"] == "lze" and best["worst_ratio"] == pytest.approx(280 / 360)
     assert best["candidates"] == ["lze", "slow"] and best["seeds"] == [0, 1]
     assert "Picked as the best combination" in search and "**not met** by `lze`" in search
-    main = write_report(study, "grpo", DOCS, overrides=ALL_METHODS,
+    main = write_report(study, "grpo", regime.report,
+                        overrides={m: overrides(m, "study") for m in ("grpo", "lze")},
                         search={**search_report, "best": best}).read_text()
-    assert "The best combination found is `lze` (`selection.policy=lze`)" in main
+    assert "The best combination found is `lze` (`selection.method=lze`)" in main
     assert "greedy pass@1 0.78x FLOPs, 0.78x wall time" in main and "`slow` did worse" in main
     assert "**Goal**" in main and "**not met** by `lze`" in main
-    assert study_methods().count("lze") == 1
+    assert main_methods(regime)[1].count("lze") == 1
 
 
 def test_pick_best_wants_both_metrics_reached_then_the_larger_lead():
     from lze_trainer.study_report import pick_best
 
     def rows(method, greedy, sampled, lead):
-        return [{"metric": m, "method": method, "gain_flops": r, "gain_wall": r,
+        return [{"metric": m, "method": method, "gain": {"flops": r, "wall_s": r},
                  "at": {1.0: {"diff": lead}}} for m, r in (("pass@1", greedy),
                                                            ("sampled_acc", sampled))]
 
@@ -317,16 +405,19 @@ def test_pick_best_wants_both_metrics_reached_then_the_larger_lead():
 @pytest.mark.parametrize("folder", [".", "replica"])
 def test_the_link_to_the_search_resolves_from_the_report_folder(study, folder, tmp_path,
                                                                  monkeypatch):
-    from lze_trainer.study import DOCS, SEARCH_DIR
+    from lze_trainer.study import REGIMES
     from lze_trainer.study_report import read_best
 
+    search_report = REGIMES["one-pass"].search_report
     monkeypatch.chdir(tmp_path)
-    write_report(study, "grpo", DOCS / SEARCH_DIR, candidates=["lze"])
-    out = DOCS / folder
-    search = {"best": read_best(DOCS / SEARCH_DIR), "report": DOCS / SEARCH_DIR / MARKDOWN_FILE}
+    write_report(study, "grpo", search_report, candidates=["lze"])
+    out = Path("docs") / folder
+    search = {"best": read_best(search_report), "report": search_report / MARKDOWN_FILE}
     text = write_report(study, "grpo", out, search=search).read_text()
     link = text.split("(see [the search](")[1].split(")")[0]
-    assert (out / link).resolve() == (DOCS / SEARCH_DIR / "study.md").resolve()
+    assert (out / link).resolve() == (search_report / "study.md").resolve()
+    task = text.split("[study-task.md](")[1].split(")")[0]
+    assert (out / task).resolve() == (tmp_path / "docs" / "study-task.md").resolve()
 
 
 def test_the_report_does_not_import_the_study_driver():
@@ -338,16 +429,21 @@ def test_the_report_does_not_import_the_study_driver():
     assert not any(name and name.endswith("study") for name in imported), imported
 
 
-def test_every_study_method_loads_with_the_preset_at_the_official_settings():
+@pytest.mark.parametrize("regime", ["one-pass", "many-pass"])
+def test_every_study_method_loads_with_its_preset_at_the_official_settings(regime):
     from lze_trainer.config import load
-    from lze_trainer.study import ALL_METHODS, PRESET
+    from lze_trainer.study import BASE_METHODS, LR_FACTORS, REGIMES, TUNED, overrides, variant
 
-    preset = load(PRESET)
-    configs = {m: load(PRESET, overrides) for m, overrides in ALL_METHODS.items()}
+    r = REGIMES[regime]
+    preset = load(r.preset)
+    configs = {m: load(r.preset, overrides(m, r.preset)) for m in BASE_METHODS}
     assert {c.rollout.n for c in configs.values()} == {preset.rollout.n}  # one G for all
-    assert preset.selection.speed_screen_rollouts * 3 <= preset.rollout.n  # a third at most
+    assert preset.selection.speed.screen_rollouts * 3 <= preset.rollout.n  # a third at most
     for m in ("dots", "dots-replay"):  # the official K / B = 256 / 512
-        assert configs[m].selection.dots_reference_size * 2 == preset.trainer.batch_size
-    multipliers = {"lze-lr2": 2.0, "lze-lr05": 0.5}  # the search's learning-rate candidates
-    for m, c in configs.items():
-        assert c.actor.lr == multipliers.get(m, 1.0) * preset.actor.lr, m
+        assert configs[m].selection.dots.reference_size * 2 == preset.trainer.batch_size
+    assert configs["dots-replay"].replay.buffer_size == preset.trainer.batch_size
+    assert all(c.actor.lr == preset.actor.lr for c in configs.values())
+    for m in (*TUNED, *r.candidates):  # the search's grid, the same for every method
+        for f in LR_FACTORS:
+            assert load(r.preset, overrides(variant(m, f), r.preset)).actor.lr == pytest.approx(
+                f * preset.actor.lr)

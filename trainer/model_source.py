@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from . import distributed as D
-from . import tiny_model
+from . import tiny_model, warm_starts
 
 
 class ModelSourceError(ValueError):
@@ -15,9 +15,10 @@ class ModelSourceError(ValueError):
 
 def resolve(path: str, run_dir: Path, world: D.World, corpus: Callable[[], Iterable[str]]) -> str:
     """A local folder: ``tiny:`` specs are built in the run folder (rank 0 builds, every rank
-    waits), local folders are used as they are, anything else is fetched from the Hugging Face
-    hub once per node (its local rank 0) into that node's cache. ``corpus`` yields the texts a
-    tiny tokenizer is trained on."""
+    waits), ``warm:<name>`` is a warmed model shipped with the trainer (its SHA-256 sums checked,
+    :mod:`lze_trainer.warm_starts`), local folders are used as they are, anything else is fetched
+    from the Hugging Face hub once per node (its local rank 0) into that node's cache. ``corpus``
+    yields the texts a tiny tokenizer is trained on."""
     if tiny_model.is_tiny_spec(path):
         tiny_model.TinySpec.parse(path)  # a bad spec fails on every rank, before any collective
         target = Path(run_dir) / "tiny_model"
@@ -25,6 +26,11 @@ def resolve(path: str, run_dir: Path, world: D.World, corpus: Callable[[], Itera
             tiny_model.build(path, target, corpus())
         D.barrier()
         return str(target)
+    if warm_starts.is_warm_start(path):
+        try:
+            return str(warm_starts.resolve(path))
+        except warm_starts.WarmStartError as e:
+            raise ModelSourceError(str(e)) from None
     if Path(path).is_dir():
         _check_local(Path(path))
         return path

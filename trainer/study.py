@@ -1,100 +1,173 @@
-"""``make study``: every selection method of the trainer against plain GRPO at equal compute.
+"""``make study``: every selection method of the trainer against tuned plain GRPO at equal compute,
+in two regimes.
 
-``python -m lze_trainer.study [--quick] [--seeds 0 1 2] [--methods grpo lze ...]`` runs, seed by
-seed, plain GRPO for the ``study`` preset's step budget (evaluated at :data:`EVAL_POINTS` evenly
-spaced steps), then every other method until its cumulative FLOPs proxy reaches what plain GRPO
-spent on that seed (``trainer.flops_budget``), evaluated at the first step whose FLOPs cross each
-of plain GRPO's evaluation points (``trainer.eval_at_flops``): every held-out point has a partner
-at equal compute on the same seed (as the papers compare: the same compute, or the compute to
-the same accuracy). Same B, G, learning rate and warm-up for all; the same seed gives the same
-warm-up and, where the method allows, the same prompt order. Each run goes under torchrun, one
-after another; then the report (:mod:`lze_trainer.study_report`): a CSV of every step of every
-run, the plots and ``docs/study.md``. A finished run is not run again, so an interrupted study
-continues where it stopped; ``--report-only`` rewrites the report from the runs.
+Regimes (:data:`REGIMES`), each a preset chosen by plain GRPO's curve alone (docs/study-task.md):
 
-``--search`` runs the search for the best combination (plain GRPO and :data:`CANDIDATES` on
-:data:`SEARCH_SEEDS`, seeds the main table never reports) and writes its own report to
-``docs/study_search/``; ``make study`` runs it first.
+* ``one-pass`` (the ``study`` preset): 96 steps of 64 prompts over 4,000 training prompts, about
+  1.5 passes: a prompt's history barely exists;
+* ``many-pass`` (the ``study-many-pass`` preset): plain GRPO's budget makes at least 5 passes
+  over its training prompts, so the methods that act on what a prompt did before (the pruner,
+  GRESO, LZE's anchor and momentum, HIVE's history, replay) can act; its goal also counts the
+  generated tokens.
 
-``--quick`` checks the pipeline in CI (two methods, one seed, a few steps, a short warm-up and a
-small held-out set), not the result.
+Each regime has its own search and its own main table (their best learning rates differ).
+
+``python -m lze_trainer.study --search [--regime one-pass]`` tunes the baselines and searches for
+the best combination on :data:`SEARCH_SEEDS` (never reported in the main table): plain GRPO at
+every learning rate of :data:`LR_FACTORS` x the preset's runs its step budget; the rate whose
+runs end highest (study_report.tuned_variant) is tuned plain GRPO, whose FLOPs are then every
+other run's budget; DAPO and the regime's candidates run at every rate of the grid too, DAPO's
+best rate is kept the same way, and the candidate (method and rate) with the smallest worst
+ratio to tuned GRPO is the pick (study_report.pick_best). Report: ``docs/study_search/`` (one
+pass), ``docs/study_many_pass_search/``.
+
+``python -m lze_trainer.study [--regime ...] [--seeds 0 1 2]`` (the main study) runs, seed by
+seed, tuned plain GRPO for the preset's step budget (evaluated at :data:`EVAL_POINTS` evenly
+spaced steps), then every other method (:data:`METHODS` as their papers run them at the preset's
+rate, DAPO at its tuned rate, and the search's pick at its rate) until its cumulative FLOPs proxy
+reaches what tuned GRPO spent on that seed (``trainer.flops_budget``), evaluated at the first step
+whose FLOPs cross each of GRPO's evaluation points (``trainer.eval_at_flops``): every held-out
+point has a partner at equal compute on the same seed. A seed's runs follow its GRPO run, one
+after another (the wall-time ratios compare runs close in time; each run's load average is
+recorded beside it). Then the report (:mod:`lze_trainer.study_report`): a CSV of every step of
+every run, the plots and ``study.md`` (``docs/`` for one pass, ``docs/study_many_pass/``).
+
+Every regime starts from the same warmed model on every machine (``model.path: warm:study``,
+:mod:`lze_trainer.warm_starts`). A finished run is not run again, so an interrupted study
+continues where it stopped; ``--report-only`` rewrites the reports from the runs.
+
+``--quick`` checks the pipeline of both regimes in CI (two methods each, one seed, a few steps, a
+small held-out set, the preset's rate), not the result.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
 import subprocess
 import sys
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from .metrics import read_metrics
-from .study_report import MARKDOWN_FILE, WALL_FILE, quote_in_readme, read_best, write_report
+from .study_report import (LOAD_FILE, MARKDOWN_FILE, WALL_FILE, quote_in_readme, read_best,
+                           tuned_variant, write_report)
 
-# Method -> config overrides of the study preset. Every method of the trainer as its paper runs
-# it (README, "Selection methods"), and the best combination found on seeds other than the
-# reported ones (see docs/study.md).
+# Method -> config overrides of a study preset: every method of the trainer as its paper runs it
+# (docs/methods.md), at the preset's learning rate.
 METHODS: dict[str, list[str]] = {
-    "grpo": ["selection.policy=uniform"],
-    "dapo": ["selection.policy=dapo"],  # dynamic sampling: rounds until B mixed groups
-    "lze": ["selection.policy=lze"],  # the release's published example: a fixed 0.4
-    "lze-release": ["selection.policy=lze", "selection.keep_ratio_schedule=release"],
-    "lze-prune": ["selection.policy=lze", "selection.prune=true"],
-    "lze-alloc": ["selection.policy=lze", "rollout.allocation=true"],
-    # K = B / 2 references every other step, the official K / B (256 per 512 prompts).
-    "dots": ["selection.policy=dots", "selection.dots_reference_size=32"],
+    "grpo": ["selection.method=grpo"],
+    "dapo": ["selection.method=dapo"],  # dynamic sampling: rounds until B mixed groups
+    "lze": ["selection.method=lze"],  # the release's published example: a fixed 0.4
+    "lze-release": ["selection.method=lze", "selection.keep_ratio_schedule=release"],
+    "lze-prune": ["selection.method=lze", "selection.prune=true"],
+    "lze-alloc": ["selection.method=lze", "rollout.allocation=true"],
+    # K = ceil(B / 2) references every other step (the default: the official 256 per 512).
+    "dots": ["selection.method=dots"],
     # The official replay run clips symmetrically at 0.2 (no clip-higher) with a buffer of B.
-    "dots-replay": ["selection.policy=dots", "selection.dots_reference_size=32", "replay.ratio=0.5",
-                    "actor.clip_ratio_high=0.2", "replay.buffer_size=64"],
-    "greso": ["selection.policy=greso"],  # on dynamic sampling, as its scripts run it
-    "speed": ["selection.policy=speed"],  # 4 screening rollouts of G = 12
-    "lze-hive": ["selection.policy=lze", "selection.entropy_filter=true"],
+    "dots-replay": ["selection.method=dots", "replay.ratio=0.5", "actor.clip_ratio_high=0.2",
+                    "replay.buffer_size=${trainer.batch_size}"],
+    "greso": ["selection.method=greso"],  # on dynamic sampling, as its scripts run it
+    "speed": ["selection.method=speed"],  # 4 screening rollouts of G = 12
+    "lze-hive": ["selection.method=lze", "selection.entropy_filter=true"],
 }
-# Candidates for the best combination, tried on seeds other than the reported ones (the search,
-# docs/study_search/), which picks the one with the smallest worst ratio to plain GRPO there
-# (study_report.pick_best); the main study runs it under its own name. The search may also try a
-# learning-rate multiplier; the pick then keeps its own rate. Both ways have a reason: a selective
-# batch is less noisy (no zero-advantage groups), and on the study's task larger steps (twice the
-# rate, or four optimizer steps a batch) lost accuracy in plain GRPO's pilots (docs/study-task.md).
-# The fixed-step searches before this protocol are listed in docs/study-fixed-steps/.
-CANDIDATES: dict[str, list[str]] = {
-    "speed": METHODS["speed"],
-    "lze": METHODS["lze"],
-    "lze-prune": METHODS["lze-prune"],
-    "lze-hive": METHODS["lze-hive"],
+# Combinations that only the search tries (a pick among them joins the main table).
+COMBINATIONS: dict[str, list[str]] = {
     # LZE with top-up rounds until its quota of groups with energy > 0 is met.
-    "lze-refill": ["selection.policy=lze", "selection.refill=true"],
-    "lze-lr2": [*METHODS["lze"], "actor.lr=6.0e-4"],  # twice the preset's 3e-4
-    "lze-lr05": [*METHODS["lze"], "actor.lr=1.5e-4"],  # half of it
+    "lze-refill": ["selection.method=lze", "selection.refill=true"],
+    # Forward selection by history (GRESO's skips) and backward selection by energy (LZE's top
+    # 40 % of the groups GRESO's batch holds): fewer rollouts and fewer update tokens.
+    "greso-lze": ["selection.method=greso", "selection.keep_top_energy=true"],
+    # SPEED's screening thinned first by GRESO's history, the batch cut to LZE's top 40 %.
+    "speed-greso-lze": ["selection.method=speed", "selection.speed.prefilter=greso",
+                        "selection.keep_top_energy=true"],
 }
-ALL_METHODS = {**METHODS, **CANDIDATES}
-SEARCH_SEEDS = [10]  # seeds of the search for "best" (never reported in the main table)
-DOCS = Path("docs")  # the study's report
-SEARCH_DIR = "study_search"  # the search's report, next to the study's
-BASELINE = "grpo"
-PRESET = "study"
+BASE_METHODS = {**METHODS, **COMBINATIONS}
+BASELINE = "grpo"  # tuned on the search seeds; its FLOPs are every other run's budget
+TUNED = ("grpo", "dapo")  # baselines the search tunes, each kept at its best rate
+# The search's learning-rate grid, x the preset's rate, the same for the baselines and the
+# candidates (a pick at the grid's edge is flagged in the search's report).
+LR_FACTORS = (0.5, 1.0, 2.0)
+SEARCH_SEEDS = [10]  # never reported in the main table
 # Plain GRPO's held-out points over its budget: every 1/12, so 25 % and 50 % of it are points.
 EVAL_POINTS = 12
 # Another method may run up to this many times plain GRPO's steps to spend the same FLOPs (the
 # cheapest per step spend about 0.45x of a GRPO step); a run that stops at the cap is reported
 # as having run short.
 STEP_CAP = 4
-# The quick pipeline check: a few steps from a short warm-up, on a small held-out set.
-QUICK_METHODS = ["grpo", "lze"]
-QUICK_OVERRIDES = ["trainer.total_steps=4", "trainer.eval_every=2", "sft_warmup.steps=30",
-                   "data.eval_limit=96", "rollout.eval_samples=2", "trainer.save_hf_model=false"]
+DOCS = Path("docs")
 
 
-def study_methods() -> list[str]:
-    """The main table's methods: every method of the trainer, and the search's pick when it is
-    not one of them."""
-    best = read_best(DOCS / SEARCH_DIR)
-    if best is not None and best["method"] not in ALL_METHODS:
-        raise SystemExit(f"study: the search picked {best['method']!r}, which is no longer a "
-                         f"candidate; rerun it (python -m lze_trainer.study --search)")
-    extra = [] if best is None or best["method"] in METHODS else [best["method"]]
-    return list(METHODS) + extra
+@dataclass(frozen=True)
+class Regime:
+    """A task of the study, with where its runs and reports go."""
+
+    name: str
+    preset: str
+    runs: Path  # the main study's run folders
+    report: Path  # the main study's report folder
+    search_runs: Path
+    search_report: Path
+    candidates: tuple[str, ...]  # searched at every rate of LR_FACTORS
+    goal_costs: tuple[str, ...]  # costs the goal caps (study_report.GOAL_RATIOS)
+    quick_methods: tuple[str, ...]  # the CI pipeline check's two methods
+
+
+REGIMES: dict[str, Regime] = {
+    # One pass: LZE's update savings and its variants; the history-based forward methods barely act.
+    "one-pass": Regime("one-pass", "study", Path("runs/study"), DOCS, Path("runs/study-search"),
+                       DOCS / "study_search", ("lze", "lze-prune", "lze-hive", "lze-refill"),
+                       ("flops", "wall_s"), ("grpo", "lze")),
+    # Many passes: forward selection by history can skip rollouts, so the goal counts generated
+    # tokens and the candidates combine a forward method with LZE's backward selection (LZE
+    # alone rolls out every prompt and cannot save them).
+    "many-pass": Regime("many-pass", "study-many-pass", Path("runs/study-many-pass"),
+                        DOCS / "study_many_pass", Path("runs/study-many-pass-search"),
+                        DOCS / "study_many_pass_search",
+                        ("lze", "lze-prune", "greso-lze", "lze-hive", "speed-greso-lze"),
+                        ("flops", "wall_s", "rollout_tokens"), ("grpo", "lze-prune")),
+}
+# The quick pipeline check: a few steps on a small held-out set.
+QUICK_OVERRIDES = ["trainer.total_steps=4", "trainer.eval_every=2", "data.eval_limit=96",
+                   "rollout.eval_samples=2", "trainer.save_hf_model=false"]
+_VARIANT = re.compile(r"^(?P<method>.+)-lr(?P<factor>[0-9.]+)$")
+
+
+def variant(method: str, factor: float) -> str:
+    """``method`` at ``factor`` x the preset's learning rate: ``lze-lr0.5``; x1 is ``lze``."""
+    return method if factor == 1.0 else f"{method}-lr{factor:g}"
+
+
+def split_variant(name: str) -> tuple[str, float]:
+    """``lze-lr0.5`` -> ("lze", 0.5); ``lze`` -> ("lze", 1.0)."""
+    match = _VARIANT.match(name)
+    if match and match["method"] in BASE_METHODS:
+        return match["method"], float(match["factor"])
+    if name not in BASE_METHODS:
+        raise SystemExit(f"study: unknown method {name!r}; expected one of "
+                         f"{sorted(BASE_METHODS)}, optionally with -lr<factor>")
+    return name, 1.0
+
+
+def overrides(name: str, preset: str) -> list[str]:
+    """The config overrides of a method or its learning-rate variant on ``preset``."""
+    method, factor = split_variant(name)
+    return BASE_METHODS[method] + ([] if factor == 1.0 else
+                                   [f"actor.lr={factor * preset_lr(preset)!r}"])
+
+
+def preset_lr(preset: str) -> float:
+    from .config import load
+
+    return load(preset).actor.lr
+
+
+def learning_rate(name: str, preset: str) -> float:
+    return split_variant(name)[1] * preset_lr(preset)
 
 
 def run_dir(runs: Path, method: str, seed: int) -> Path:
@@ -122,88 +195,155 @@ def budget_of(baseline: Path) -> list[str]:
             f"trainer.eval_at_flops=[{','.join(repr(p) for p in points)}]"]
 
 
-def launch(folder: Path, method: str, seed: int, extra: list[str], nproc: int) -> float:
+def launch(folder: Path, preset: str, method: str, seed: int, extra: list[str],
+           nproc: int) -> float:
     """One training run under torchrun; returns its wall seconds. Its console goes to
-    ``<folder>.log``. The warm-up cache sits next to the runs' root (``runs/warmup``), so the
-    search and the main study share one warm-up (the cache names each by a digest of its
-    settings, so the quick check's shorter one lives beside it)."""
+    ``<folder>.log``; the machine's 1-minute load average, sampled while it runs, to
+    ``LOAD_FILE`` (the wall-time ratios assume runs met the same load)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc_per_node={nproc}", "-m", "lze_trainer", "--config", PRESET,
-           f"trainer.run_dir={folder}", f"trainer.seed={seed}",
-           f"sft_warmup.cache_dir={folder.parent.parent / 'warmup'}", *ALL_METHODS[method],
+           f"--nproc_per_node={nproc}", "-m", "lze_trainer", "--config", preset,
+           f"trainer.run_dir={folder}", f"trainer.seed={seed}", *overrides(method, preset),
            *extra]
     folder.parent.mkdir(parents=True, exist_ok=True)
-    start = time.time()
+    start, loads, done = time.time(), [], threading.Event()
+
+    def sample_load() -> None:
+        while not done.wait(5.0):
+            loads.append(os.getloadavg()[0])
+
+    sampler = threading.Thread(target=sample_load, daemon=True)
+    sampler.start()
     with open(f"{folder}.log", "w") as log:
         result = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
+    done.set()
+    sampler.join()
     if result.returncode != 0:
         raise SystemExit(f"study: {method} seed {seed} failed (exit {result.returncode}); "
                          f"see {folder}.log")
     seconds = time.time() - start
+    (folder / LOAD_FILE).write_text(json.dumps(
+        {"mean": sum(loads) / len(loads) if loads else os.getloadavg()[0],
+         "max": max(loads, default=os.getloadavg()[0])}) + "\n")
     (folder / WALL_FILE).write_text(f"{seconds:.1f}\n")
     return seconds
+
+
+def run_all(runs: Path, preset: str, methods: list[str], seeds: list[int], baseline: str,
+            extra: list[str], nproc: int) -> None:
+    """Seed by seed, ``baseline`` first (its FLOPs set the others' budget), then ``methods``."""
+    steps_cap = f"trainer.total_steps={STEP_CAP * _total_steps(preset, extra)}"
+    for seed in seeds:  # every method's seed 0 first: an interrupted study stays comparable
+        for method in [baseline, *(m for m in methods if m != baseline)]:
+            budget = ([] if method == baseline else
+                      [*budget_of(run_dir(runs, baseline, seed)), steps_cap])
+            _run_once(runs, preset, method, seed, extra + budget, nproc)
+
+
+def _run_once(runs: Path, preset: str, method: str, seed: int, extra: list[str],
+              nproc: int) -> None:
+    folder = run_dir(runs, method, seed)
+    if is_finished(folder):
+        print(f"study: {folder} is finished, kept", flush=True)
+        return
+    seconds = launch(folder, preset, method, seed, extra, nproc)
+    print(f"study: {method} seed {seed} done in {seconds / 60:.1f} min", flush=True)
+
+
+def search(regime: Regime, seeds: list[int], nproc: int, run: bool = True) -> Path:
+    """Tune the baselines and pick the best combination of ``regime`` on ``seeds``."""
+    runs = regime.search_runs
+    grpo = [variant(BASELINE, f) for f in LR_FACTORS]
+    if run:
+        for seed in seeds:
+            for name in grpo:
+                _run_once(runs, regime.preset, name, seed, [], nproc)
+    baseline = tuned_variant({m: [run_dir(runs, m, s) for s in seeds] for m in grpo})
+    others = [variant(m, f) for m in (*TUNED[1:], *regime.candidates) for f in LR_FACTORS]
+    if run:
+        run_all(runs, regime.preset, others, seeds, baseline, [], nproc)
+    methods = [baseline, *(g for g in grpo if g != baseline), *others]
+    return write_report({m: [run_dir(runs, m, s) for s in seeds] for m in methods}, baseline,
+                        regime.search_report, preset=regime.preset,
+                        rates={m: learning_rate(m, regime.preset) for m in methods},
+                        overrides={m: overrides(m, regime.preset) for m in methods},
+                        candidates=[variant(m, f) for m in regime.candidates for f in LR_FACTORS],
+                        tuned={m: [variant(m, f) for f in LR_FACTORS] for m in TUNED},
+                        goal_costs=regime.goal_costs, regime=regime.name)
+
+
+def main_methods(regime: Regime) -> tuple[str, list[str]]:
+    """Tuned plain GRPO and the main table's other methods: tuned DAPO, every other method at the
+    preset's rate, and the search's pick (at its rate) when it is not one of them. Before any
+    search, the baselines run at the preset's rate."""
+    best = read_best(regime.search_report)
+    tuned = (best or {}).get("tuned", {})
+    methods = [tuned.get(m, m) for m in METHODS]
+    if best is not None:
+        split_variant(best["method"])  # a pick that is no longer a method stops the study here
+        if best["method"] not in methods:
+            methods.append(best["method"])
+    return methods[0], methods
+
+
+def main_study(regime: Regime, seeds: list[int], nproc: int, run: bool = True,
+               quick: Path | None = None) -> Path:
+    """The main table of ``regime``; ``quick``: the pipeline check's runs under that folder,
+    with its report beside them."""
+    if quick:
+        baseline, methods = regime.quick_methods[0], list(regime.quick_methods)
+        runs, extra = quick / regime.name, list(QUICK_OVERRIDES)
+        out, search = runs / "report", None
+    else:
+        baseline, methods = main_methods(regime)
+        runs, out, extra = regime.runs, regime.report, []
+        search = {"best": read_best(regime.search_report),
+                  "report": regime.search_report / MARKDOWN_FILE}
+    if run:
+        run_all(runs, regime.preset, methods, seeds, baseline, extra, nproc)
+    return write_report({m: [run_dir(runs, m, s) for s in seeds] for m in methods}, baseline,
+                        out, quick=bool(quick), preset=regime.preset, search=search,
+                        rates={m: learning_rate(m, regime.preset) for m in methods},
+                        overrides={m: overrides(m, regime.preset) for m in methods},
+                        goal_costs=regime.goal_costs, regime=regime.name)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lze_trainer.study", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--regime", choices=[*REGIMES, "both"], default="both")
     parser.add_argument("--quick", action="store_true", help="pipeline check (CI)")
-    parser.add_argument("--methods", nargs="+", choices=sorted(ALL_METHODS), default=None)
-    parser.add_argument("--seeds", nargs="+", type=int, default=None)
-    parser.add_argument("--runs", type=Path, default=None, help="run folders (default runs/study)")
-    parser.add_argument("--out", type=Path, default=None, help="report folder (default docs)")
-    parser.add_argument("--nproc", type=int, default=2, help="ranks per run")
-    parser.add_argument("--steps", type=int, default=None, help="override trainer.total_steps")
-    parser.add_argument("--report-only", action="store_true", help="write the report only")
+    parser.add_argument("--quick-runs", type=Path, default=Path("runs/study-quick"),
+                        help="the pipeline check's run folders (one per regime, report inside)")
     parser.add_argument("--search", action="store_true",
-                        help="the search for 'best': GRPO and the CANDIDATES on SEARCH_SEEDS")
+                        help="tune the baselines and search for the best combination")
+    parser.add_argument("--seeds", nargs="+", type=int, default=None)
+    parser.add_argument("--nproc", type=int, default=2, help="ranks per run")
+    parser.add_argument("--report-only", action="store_true", help="write the reports only")
     args = parser.parse_args(argv)
 
-    if args.search:
-        methods = args.methods or [BASELINE, *CANDIDATES]
-        seeds = args.seeds or SEARCH_SEEDS
-        runs = args.runs or Path("runs/study-search")
-        out = args.out or DOCS / SEARCH_DIR
-    else:
-        methods = args.methods or (QUICK_METHODS if args.quick else study_methods())
-        seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
-        runs = args.runs or Path("runs/study-quick" if args.quick else "runs/study")
-        out = args.out or (runs / "report" if args.quick else DOCS)
-    extra = list(QUICK_OVERRIDES) if args.quick else []
-    if args.steps is not None:
-        extra += [f"trainer.total_steps={args.steps}",
-                  f"trainer.eval_every={max(args.steps // EVAL_POINTS, 1)}"]
-    methods = [BASELINE] + [m for m in methods if m != BASELINE]  # it sets everyone's budget
-
-    if not args.report_only:
-        steps_cap = f"trainer.total_steps={STEP_CAP * _total_steps(extra)}"
-        for seed in seeds:  # every method's seed 0 first: an interrupted study stays comparable
-            for method in methods:
-                folder = run_dir(runs, method, seed)
-                if is_finished(folder):
-                    print(f"study: {folder} is finished, kept", flush=True)
-                    continue
-                budget = ([] if method == BASELINE else
-                          [*budget_of(run_dir(runs, BASELINE, seed)), steps_cap])
-                seconds = launch(folder, method, seed, extra + budget, args.nproc)
-                print(f"study: {method} seed {seed} done in {seconds / 60:.1f} min", flush=True)
-    main_study = not (args.quick or args.search)
-    search = ({"best": read_best(DOCS / SEARCH_DIR), "report": DOCS / SEARCH_DIR / MARKDOWN_FILE}
-              if main_study else None)
-    report = write_report({m: [run_dir(runs, m, s) for s in seeds] for m in methods}, BASELINE,
-                          out, quick=args.quick, search=search, overrides=ALL_METHODS,
-                          candidates=list(CANDIDATES) if args.search else None)
-    print(f"study: report {report}", flush=True)
-    if main_study and out == DOCS and Path("README.md").exists():
-        if quote_in_readme(report, Path("README.md")):
-            print("study: README.md quotes the new tables", flush=True)
+    regimes = list(REGIMES.values()) if args.regime == "both" else [REGIMES[args.regime]]
+    reports = {}
+    for regime in regimes:
+        if args.search:
+            report = search(regime, args.seeds or SEARCH_SEEDS, args.nproc, not args.report_only)
+        else:
+            report = main_study(regime, args.seeds or ([0] if args.quick else [0, 1, 2]),
+                                args.nproc, not args.report_only,
+                                args.quick_runs if args.quick else None)
+            reports[regime.name] = report
+        print(f"study: {regime.name} report {report}", flush=True)
+    if reports and not args.quick and Path("README.md").exists():
+        main_reports = {r.name: r.report / MARKDOWN_FILE for r in REGIMES.values()
+                        if (r.report / MARKDOWN_FILE).exists()}
+        if quote_in_readme(main_reports, Path("README.md")):
+            print("study: README.md quotes the verdicts and the key rows", flush=True)
     return 0
 
 
-def _total_steps(extra: list[str]) -> int:
+def _total_steps(preset: str, extra: list[str]) -> int:
     from .config import load
 
-    return load(PRESET, extra).trainer.total_steps
+    return load(preset, extra).trainer.total_steps
 
 
 if __name__ == "__main__":
