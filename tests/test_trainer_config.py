@@ -160,7 +160,8 @@ def test_print_config_prints_the_resolved_yaml_with_help_and_exits(preset, tmp_p
 
 
 def test_commented_yaml_of_every_value_kind_loads_back(tmp_path):
-    cfg = C.load("tiny", ["data.eval=[a.jsonl,'b: c']", "data.prompt_template='{question} \\boxed{}'",
+    cfg = C.load("tiny", ["data.eval=[a.jsonl,'b: c']",
+                          "data.prompt_template='{question} \\boxed{}'",
                           "trainer.eval_at_flops=[1e9,2.5e9]", "sft_warmup.seed=null"])
     path = tmp_path / "c.yaml"
     path.write_text(C.commented_yaml(cfg, "two\nlines"))
@@ -214,7 +215,8 @@ def test_docs_table_of_renamed_keys_is_the_code_table():
 
 def test_uniform_is_an_alias_of_grpo_in_yaml_overrides_and_interpolations(tmp_path):
     path = tmp_path / "old.yaml"
-    path.write_text("selection:\n  policy: uniform\ntrainer:\n  run_dir: runs/x-${selection.policy}\n")
+    path.write_text("selection:\n  policy: uniform\n"
+                    "trainer:\n  run_dir: runs/x-${selection.policy}\n")
     with pytest.warns(DeprecationWarning) as caught:
         cfg = C.load(str(path))
     assert cfg.selection.method == "grpo" and cfg.trainer.run_dir == "runs/x-grpo"
@@ -235,22 +237,35 @@ def test_old_and_new_name_together_is_an_error(tmp_path):
         C.load(str(path))
 
 
-def test_a_checkpoints_saved_config_of_the_previous_release_compares_equal():
-    """trainer_state's config (dataclasses.asdict) of a run before the rename: checkpoint.load
-    compares it after :func:`renamed`, so a resume of it finds no difference."""
-    from lze_trainer.checkpoint import check_compatible
+def test_a_checkpoint_of_the_previous_release_resumes():
+    """trainer_state's config (dataclasses.asdict) of a tiny run before the rename, with the
+    old fixed defaults (speed_screen_rollouts 4, allocation_max 16): checkpoint.load compares it
+    after :func:`renamed`, and the derived keys count only while their switch is on."""
+    from lze_trainer.checkpoint import CheckpointError, check_compatible
+
+    def saved_by_the_previous_release(current: dict) -> dict:
+        saved = {**current, "selection": dict(current["selection"]),
+                 "rollout": {**current["rollout"], "allocation_max": 16}}
+        selection = saved["selection"]
+        method = selection.pop("method")
+        selection["policy"] = "uniform" if method == "grpo" else method
+        selection["speed_screen_rollouts"] = 4
+        selection.pop("speed")
+        return saved
 
     current = {**dataclasses.asdict(C.load("tiny", ["selection.method=grpo"])), "world_size": 2}
-    saved = {**current, "selection": dict(current["selection"])}
-    selection = saved["selection"]
-    selection["policy"] = "uniform"
-    del selection["method"]
-    selection["speed_screen_rollouts"] = selection.pop("speed")["screen_rollouts"]
+    assert current["selection"]["speed"]["screen_rollouts"] == 2
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        upgraded = C.renamed(saved, warn=False)
-    check_compatible(upgraded, current, folder="step_000002")
+        upgraded = C.renamed(saved_by_the_previous_release(current), warn=False)
     assert upgraded["selection"]["method"] == "grpo"
+    check_compatible(upgraded, current, folder="step_000002")
+    speed = {**dataclasses.asdict(C.load("tiny", ["selection.method=speed",
+                                                  "rollout.n=8"])), "world_size": 2}
+    with pytest.raises(CheckpointError,
+                       match="selection.speed.screen_rollouts: checkpoint 4, now 3"):
+        check_compatible(C.renamed(saved_by_the_previous_release(speed), warn=False), speed,
+                         folder="step_000002")
 
 
 # ---------------------------------------------------------------- defaults that follow
@@ -265,7 +280,8 @@ def test_speed_screening_default_is_a_third_of_the_group(n, screen):
 
 
 def test_derived_defaults_follow_their_settings():
-    cfg = C.load("tiny", ["trainer.batch_size=64", "rollout.n=12", "selection.hive.keep_share=0.25"])
+    cfg = C.load("tiny", ["trainer.batch_size=64", "rollout.n=12",
+                          "selection.hive.keep_share=0.25"])
     assert cfg.selection.dots.reference_size == 32  # B / 2, the official 256 of 512
     assert cfg.rollout.allocation_max == 24  # 2 x rollout.n
     assert cfg.selection.hive.pool_factor == 8.0  # twice the shortlist of B / keep_share

@@ -60,6 +60,10 @@ COMPATIBILITY_KEYS = (
     "actor.zero_stage",
     "actor.norm_adv_by_std", "sft_warmup.steps",
 )
+# Keys that count only while their switch is on (switch key, value): their defaults follow
+# rollout.n (config.resolve_derived), so a run without the switch may see another value.
+SWITCHED_KEYS = {"selection.speed.screen_rollouts": ("selection.method", "speed"),
+                 "rollout.allocation_max": ("rollout.allocation", True)}
 
 
 class CheckpointError(ValueError):
@@ -174,7 +178,8 @@ def read_state(path: Path) -> Any:
 
 
 def check_compatible(saved: dict, current: dict, folder: Path) -> None:
-    differ = [k for k in COMPATIBILITY_KEYS if _get(saved, k) != _get(current, k)]
+    differ = [k for k in COMPATIBILITY_KEYS if _get(saved, k) != _get(current, k)
+              and _switched_on(k, current)]
     if saved.get("world_size") != current.get("world_size"):
         differ.append("world size (number of ranks)")
     if differ:
@@ -184,6 +189,11 @@ def check_compatible(saved: dict, current: dict, folder: Path) -> None:
             f"trainer.resume: the checkpoint {folder} was written by an incompatible config "
             f"({', '.join(differ)} differ{': ' + details if details else ''}). Resume with the same "
             f"settings, or start a new run (trainer.run_dir=... or trainer.resume=never).")
+
+
+def _switched_on(key: str, config: dict) -> bool:
+    switch, on = SWITCHED_KEYS.get(key, (None, None))
+    return switch is None or _get(config, switch) == on
 
 
 def _get(config: dict, dotted: str) -> Any:
