@@ -1,0 +1,258 @@
+"""LZE through verl 0.9.1's own training loops on this CPU: legacy ``RayPPOTrainer.fit()`` (the
+project's ``LZERayPPOTrainer``) and the v1 trainer (``LZEReplayBuffer`` as its custom sampler),
+3 steps each with plain GRPO and with LZE.
+
+Nothing of verl's loop is copied or stubbed: verl's Ray worker group runs verl's
+``ActorRolloutRefWorker`` (FSDP2 actor and reference model, gloo), its agent loop, reward loop
+and weight sync, on a CPU platform loaded through verl's ``VERL_USE_EXTERNAL_MODULES`` and a
+Hugging Face rollout server behind verl's rollout interfaces (``tests/verl_cpu``). The test
+records what ``fit`` hands each stage (rollout, old log-probs, reference log-probs, update) and
+checks that LZE's update equals a plain GRPO update on the kept groups alone: the same responses
+replayed through a GRPO ``fit`` of one step on a dataset of just those prompts.
+
+Runs where verl is installed (``make test-verl``); each ``fit`` starts its own Ray instance and
+takes about a minute here, so the module is marked slow.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("verl")
+
+from verl_cpu import harness, task  # noqa: E402
+from verl_cpu.harness import STAGES, Shape  # noqa: E402
+
+from lze_kernels import LZEConfig  # noqa: E402
+from lze_kernels.config import num_keep  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+SHAPE = Shape(batch=4, n=4, steps=3, prompts=16)
+KEEP_RATIO = 0.5
+KEPT = num_keep(SHAPE.batch, KEEP_RATIO)  # k of docs/spec.md §4: 2 of 4 groups
+# verl splits the update into mini-batches of ppo_mini_batch_size groups; LZE's k groups must
+# make whole mini-batches (legacy refuses otherwise, v1 pads with no-op rows), so every run uses
+# mini-batches of k groups.
+MINI_BATCH = [f"actor_rollout_ref.actor.ppo_mini_batch_size={KEPT}"]
+LZE_OPTIONS = {"keep_ratio": KEEP_RATIO, "noise_scale": 0.0}
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "verl_stages.md"
+
+
+class Runs:
+    """Each ``fit`` of the module, run once when a test first asks for it."""
+
+    def __init__(self, work: Path):
+        from transformers import AutoTokenizer
+
+        self.work = work
+        self.model = task.build_model(work / "model")
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model)
+        self.train = task.write_dataset(work / "train.parquet", SHAPE.prompts)
+        self.done: dict[str, harness.Run] = {}
+
+    def __getitem__(self, name: str) -> harness.Run:
+        if name not in self.done:
+            self.done[name] = getattr(self, name)()
+        return self.done[name]
+
+    def compose(self, v1: bool, overrides=(), train=None, shape=SHAPE):
+        return harness.compose(self.model, train or self.train, self.work, v1=v1, shape=shape,
+                               overrides=MINI_BATCH + list(overrides))
+
+    def legacy_grpo(self):
+        return harness.fit_legacy(self.compose(v1=False))
+
+    def legacy_lze(self):
+        from lze_kernels.integrations.verl import LZEAdvantage
+        from lze_kernels.integrations.verl.legacy import LZERayPPOTrainer
+        from verl.trainer.ppo import core_algos
+
+        name = harness.unique_name("lze_fit")
+        LZEAdvantage(SHAPE.prompts, LZEConfig(**LZE_OPTIONS)).register(name)
+        try:
+            return harness.fit_legacy(self.compose(False, [f"algorithm.adv_estimator={name}"]),
+                                      trainer_cls=LZERayPPOTrainer)
+        finally:
+            core_algos.ADV_ESTIMATOR_REGISTRY.pop(name, None)
+
+    def legacy_replay(self):
+        """Plain GRPO, one step, on a dataset of exactly the groups legacy LZE updated on at
+        step 1, the rollout server replaying their recorded responses."""
+        kept = kept_generations(self["legacy_lze"], step=1)
+        return self.replay(kept, v1=False)
+
+    def v1_grpo(self):
+        return harness.fit_v1(self.compose(v1=True))
+
+    def v1_topk(self):
+        return harness.fit_v1(self.compose(True, v1_sampler("topk")))
+
+    def v1_refill(self):
+        return harness.fit_v1(self.compose(True, v1_sampler("refill") + [
+            "data.gen_batch_size=1", "+trainer.v1.sampler.sampler_kwargs.gen_batch_size=1"]))
+
+    def v1_replay(self):
+        kept = kept_generations(self["v1_topk"], step=1)
+        return self.replay(kept, v1=True)
+
+    def replay(self, kept: list[harness.Generation], v1: bool) -> harness.Run:
+        rows = sorted({task.row_of_text(self.tokenizer.decode(list(g.prompt))) for g in kept})
+        train = task.write_dataset(self.work / f"kept_{'v1' if v1 else 'legacy'}.parquet",
+                                   SHAPE.prompts, rows=rows)
+        shape = Shape(batch=len(rows), n=SHAPE.n, steps=1, prompts=len(rows))
+        config = self.compose(v1=v1, train=train, shape=shape, overrides=[
+            "data.shuffle=False", f"actor_rollout_ref.actor.ppo_mini_batch_size={len(rows)}"])
+        fit = harness.fit_v1 if v1 else harness.fit_legacy
+        return fit(config, before_fit=harness.replay_on_server(kept))
+
+
+def v1_sampler(mode: str) -> list[str]:
+    kwargs = "+trainer.v1.sampler.sampler_kwargs"
+    return ["trainer.v1.sampler.custom_sampler.path="
+            "pkg://lze_kernels.integrations.verl.replay_buffer",
+            "trainer.v1.sampler.custom_sampler.name=LZEReplayBuffer",
+            "data.custom_cls.path=pkg://lze_kernels.integrations.verl.checkpoint",
+            "data.custom_cls.name=LZERLHFDataset",
+            f"{kwargs}.mode={mode}", f"{kwargs}.policy=lze", f"{kwargs}.num_prompts={SHAPE.prompts}",
+            *(f"{kwargs}.lze.{key}={value}" for key, value in LZE_OPTIONS.items())]
+
+
+def kept_generations(run: harness.Run, step: int) -> list[harness.Generation]:
+    """The responses of ``step`` whose rows reached the update (matched by their tokens)."""
+    updated = [seq for call in run.stages[step]["update"] for seq in call.sequences]
+    left = list(updated)
+    kept = []
+    for g in run.generations[step]:
+        if g.prompt + g.response in left:
+            left.remove(g.prompt + g.response)
+            kept.append(g)
+    assert not left, "every updated row is a response the rollout server generated"
+    return kept
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    harness.activate()
+    return Runs(tmp_path_factory.mktemp("verl_fit"))
+
+
+# ----------------------------------------------------------------------------------- checks
+
+
+@pytest.mark.parametrize("trainer", ["legacy", "v1"])
+def test_grpo_every_stage_gets_every_row(runs, trainer):
+    """Plain GRPO: each step the B x n responses generated reach every stage, and the log-prob
+    passes run over exactly the tokens the rollout server generated (prompt + response)."""
+    run = runs[f"{trainer}_grpo"]
+    assert run.steps == [1, 2, 3]
+    for step in run.steps:
+        assert len(run.generations[step]) == SHAPE.batch * SHAPE.n
+        for stage in STAGES:
+            assert run.rows(step, stage) == SHAPE.batch * SHAPE.n, (step, stage)
+        assert run.tokens(step, "old_log_prob") == run.tokens(step, "rollout")
+
+
+def test_legacy_lze_sends_k_groups_past_the_reward(runs):
+    """Legacy LZE: B x n rows rolled out, exactly k x n rows (k = floor(B x keep_ratio) groups)
+    reach the old-log-prob pass, the reference pass and the update."""
+    run = runs["legacy_lze"]
+    assert run.steps == [1, 2, 3]
+    for step in run.steps:
+        assert run.rows(step, "rollout") == len(run.generations[step]) == SHAPE.batch * SHAPE.n
+        for stage in ("old_log_prob", "ref_log_prob", "update"):
+            assert run.rows(step, stage) == KEPT * SHAPE.n, (step, stage)
+        assert run.tokens(step, "update") < run.tokens(step, "rollout")
+
+
+def test_legacy_lze_update_is_grpo_on_the_kept_groups(runs):
+    """The actor's step-1 update under LZE (SGD: -lr x gradient, synced to the rollout server)
+    equals plain GRPO's update on a batch of only the k kept groups, same responses."""
+    lze, replay = runs["legacy_lze"], runs["legacy_replay"]
+    assert replay.rows(1, "update") == KEPT * SHAPE.n
+    assert_same_update(lze, replay)
+
+
+def test_v1_topk_rolls_out_k_prompts_and_updates_the_top_groups(runs):
+    """v1 top-k: the trainer's K = train_batch_size prompts are rolled out (no refill), and the
+    update gets at most floor(K x keep_ratio) groups, no padding rows."""
+    run = runs["v1_topk"]
+    assert run.steps == [1, 2, 3]
+    for step in run.steps:
+        assert len(run.generations[step]) == run.rows(step, "rollout") == SHAPE.batch * SHAPE.n
+        for stage in ("old_log_prob", "ref_log_prob", "update"):
+            rows = run.rows(step, stage)
+            assert 0 < rows <= KEPT * SHAPE.n and rows % SHAPE.n == 0, (step, stage)
+            assert run.padding_rows(step, stage) == 0
+
+
+def test_v1_topk_update_is_grpo_on_the_kept_groups(runs):
+    assert_same_update(runs["v1_topk"], runs["v1_replay"])
+
+
+def test_v1_refill_rolls_out_extra_prompts_for_a_full_batch(runs):
+    """v1 refill: at least ceil(B / keep_ratio) prompts rolled out per step, B groups updated."""
+    run = runs["v1_refill"]
+    assert run.steps == [1, 2, 3]
+    least = math.ceil(SHAPE.batch / KEEP_RATIO) * SHAPE.n
+    for step in run.steps:
+        assert len(run.generations[step]) == run.rows(step, "rollout") >= least
+        for stage in ("old_log_prob", "ref_log_prob", "update"):
+            assert run.rows(step, stage) == SHAPE.batch * SHAPE.n, (step, stage)
+
+
+def assert_same_update(selected: harness.Run, replay: harness.Run) -> None:
+    """Step-1 weight change of ``selected`` equals ``replay``'s, within fp32 rounding of the
+    gradient's sums (relative to the largest change)."""
+    import torch
+
+    start = selected.weights[0]
+    for name, value in replay.weights[0].items():
+        torch.testing.assert_close(value, start[name], rtol=0, atol=0)
+    change = {k: selected.weights[1][k] - start[k] for k in start}
+    replayed = {k: replay.weights[1][k] - start[k] for k in start}
+    largest = max(float(v.abs().max()) for v in change.values())
+    assert largest > 0, "the update moved the weights"
+    for name in start:
+        torch.testing.assert_close(replayed[name], change[name], rtol=1e-4,
+                                   atol=1e-5 * largest, msg=name)
+
+
+# ----------------------------------------------------------------------------------- table
+
+
+def test_stage_table(runs):
+    """Rows per stage and the FLOPs proxy per step against plain GRPO, written to
+    benchmarks/results/verl_stages.md (docs/verl.md quotes it)."""
+    table = stage_table({"legacy": ("legacy_grpo", {"GRPO": "legacy_grpo", "LZE": "legacy_lze"}),
+                         "v1": ("v1_grpo", {"GRPO": "v1_grpo", "LZE top-k": "v1_topk",
+                                            "LZE refill": "v1_refill"})}, runs)
+    RESULTS.write_text(table)
+    assert "| legacy | LZE |" in table
+
+
+def stage_table(modes: dict, runs: Runs) -> str:
+    from verl_cpu.harness import flops
+
+    lines = [
+        "Rows each stage of verl's own `fit()` received, mean per step over "
+        f"{SHAPE.steps} steps (B = {SHAPE.batch} prompts, n = {SHAPE.n}, keep_ratio "
+        f"{KEEP_RATIO}, k = {KEPT}), and the FLOPs proxy per step (2P per rollout and "
+        "log-prob token, 6P per update token) against plain GRPO of the same trainer. "
+        "Written by `tests/test_verl_fit.py::test_stage_table`.",
+        "",
+        "| trainer | method | rollout | old log-probs | reference | update | FLOPs / GRPO |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for mode, (baseline, methods) in modes.items():
+        base = flops(runs[baseline])
+        for method, name in methods.items():
+            run = runs[name]
+            cells = [f"{sum(run.rows(s, stage) for s in run.steps) / len(run.steps):.3g}"
+                     for stage in STAGES]
+            lines.append(f"| {mode} | {method} | " + " | ".join(cells)
+                         + f" | {flops(run) / base:.2f} |")
+    return "\n".join(lines) + "\n"
