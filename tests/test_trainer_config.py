@@ -139,6 +139,8 @@ def test_help_lists_every_preset_with_a_line_and_explains_overrides(capsys):
     for preset in PRESETS:
         line = next(line for line in out.splitlines() if line.strip().startswith(preset + " "))
         assert len(line.split(None, 1)[1]) > 20, line  # the preset's first comment line
+    for text in C.preset_descriptions().values():  # a whole line, not one cut mid-sentence
+        assert text.endswith((".", ")")), text
     assert "--print-config" in out and "section.key=value" in out and "docs/config.md" in out
 
 

@@ -520,11 +520,15 @@ def field_help(cls: type, name: str) -> str:
 
 
 def preset_descriptions() -> dict[str, str]:
-    """Each bundled preset's name and the first line of its leading comment."""
+    """Each bundled preset's name and its one-line description: the first line of its leading
+    comment, or, where that line runs on into the next, what comes before its last colon."""
     out = {}
     for path in sorted(PRESETS_DIR.glob("*.yaml")):
-        first = path.read_text().splitlines()[0] if path.stat().st_size else ""
-        out[path.stem] = first.lstrip("#").strip() if first.startswith("#") else ""
+        lines = path.read_text().splitlines()
+        first = lines[0].lstrip("#").strip() if lines and lines[0].startswith("#") else ""
+        if not first.endswith(".") and ": " in first:
+            first = first.rsplit(": ", 1)[0]
+        out[path.stem] = first
     return out
 
 
