@@ -76,6 +76,8 @@ def main(argv=None) -> int:
                              "comment above it (docs/config.md). Run it as --config <this file>."),
               end="")
         return 0
+    if not _engine_installed(cfg):
+        return 2
     from . import run_log
 
     run_log.setup(Path(cfg.trainer.run_dir), int(os.environ.get("RANK", "0")))
@@ -114,6 +116,21 @@ def _load_config(args: argparse.Namespace) -> Optional[Config]:
     if error is not None:
         print(f"lze_trainer: {error}", file=sys.stderr)
     return cfg
+
+
+def _engine_installed(cfg: Config) -> bool:
+    """Whether the rollout engine can be imported, checked before anything loads (data, models,
+    the warm-up) so a missing vllm stops the job in its first second, saying what to do."""
+    from .rollout import require_vllm
+
+    if cfg.rollout.engine != "vllm":
+        return True
+    try:
+        require_vllm()
+    except ModuleNotFoundError as e:
+        print(f"lze_trainer: {e}", file=sys.stderr)
+        return False
+    return True
 
 
 def _quiet_libraries() -> None:
