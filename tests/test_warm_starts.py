@@ -11,7 +11,7 @@ from lze_trainer.config import load
 from lze_trainer.distributed import World
 
 SINGLE = World(rank=0, local_rank=0, size=1, local_size=1, device=torch.device("cpu"))
-PRESETS = {"study": "warm:study", "study-many-pass": "warm:study"}
+PRESETS = {"study": "warm:study", "study-many-pass": "warm:study", "demo": "warm:demo"}
 
 
 def test_every_recipe_ships_and_matches_its_sha256_sums():
@@ -65,5 +65,5 @@ def test_a_changed_or_extra_file_is_refused(tmp_path):
 
 
 def test_an_unknown_warm_start_names_the_shipped_ones(tmp_path):
-    with pytest.raises(model_source.ModelSourceError, match=r"'warm:nope'.*\['study'\]"):
+    with pytest.raises(model_source.ModelSourceError, match=r"'warm:nope'.*\['demo', 'study'\]"):
         model_source.resolve("warm:nope", tmp_path, SINGLE, corpus=lambda: [])

@@ -118,9 +118,10 @@ class Regime:
 
 
 REGIMES: dict[str, Regime] = {
-    # One pass: LZE's update savings and its variants; the history-based forward methods barely act.
+    # One pass: LZE's update savings and its variants (in 1.5 passes the forward methods that
+    # act on a prompt's history barely act; the many-pass regime searches them).
     "one-pass": Regime("one-pass", "study", Path("runs/study"), DOCS, Path("runs/study-search"),
-                       DOCS / "study_search", ("lze", "lze-prune", "lze-hive", "lze-refill"),
+                       DOCS / "study_search", ("lze", "lze-release", "lze-refill"),
                        ("flops", "wall_s"), ("grpo", "lze")),
     # Many passes: forward selection by history can skip rollouts, so the goal counts generated
     # tokens and the candidates combine a forward method with LZE's backward selection (LZE
@@ -128,7 +129,7 @@ REGIMES: dict[str, Regime] = {
     "many-pass": Regime("many-pass", "study-many-pass", Path("runs/study-many-pass"),
                         DOCS / "study_many_pass", Path("runs/study-many-pass-search"),
                         DOCS / "study_many_pass_search",
-                        ("lze", "lze-prune", "greso-lze", "lze-hive", "speed-greso-lze"),
+                        ("lze-prune", "greso-lze", "lze-hive", "speed-greso-lze"),
                         ("flops", "wall_s", "rollout_tokens"), ("grpo", "lze-prune")),
 }
 # The quick pipeline check: a few steps on a small held-out set.

@@ -45,6 +45,9 @@ NOT_SHIPPED = {"SFT_COMPLETE", "lze_tiny_spec.json"}
 RECIPES: dict[str, tuple[str, list[str]]] = {
     "study": ("study", ["model.path=tiny:qwen2?hidden=128&layers=2&heads=4&kv_heads=1&vocab=512",
                         "sft_warmup.steps=800"]),
+    # make demo's warm-up on seed 0 (the demo's warm-up seed is the run's seed + 1).
+    "demo": ("demo", ["model.path=tiny:qwen2?hidden=128&layers=2&heads=4&kv_heads=2&vocab=512",
+                      "sft_warmup.steps=900", "sft_warmup.seed=1"]),
 }
 
 
@@ -116,7 +119,7 @@ def export(name: str, out_dir: Path, nproc: int = 2) -> Path:
         out_dir.mkdir(parents=True)
         for f in sorted(warmed.iterdir()):
             if f.is_file() and f.name not in NOT_SHIPPED:
-                shutil.copy2(f, out_dir / f.name)
+                shutil.copyfile(f, out_dir / f.name)
         origin = {"preset": preset, "overrides": overrides,
                   "command": f"python -m lze_trainer.warm_starts --export {name} {out_dir}",
                   "nproc": nproc, **_start(run_dir)}
