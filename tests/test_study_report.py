@@ -344,8 +344,10 @@ def test_no_ratio_when_grpo_never_beats_its_start(tmp_path):
 def test_readme_quotes_each_regimes_summary_between_its_markers(study, tmp_path):
     from lze_trainer.study_report import README_BEGIN, README_END, quote_in_readme
 
+    old = tmp_path / "old.md"  # a report from before the summary is left out
+    old.write_text("# Title\n\n## Held-out greedy pass@1\n")
     reports = {"one-pass": write_report(study, "grpo", tmp_path / "docs"),
-               "many-pass": write_report(study, "grpo", tmp_path / "docs" / "many")}
+               "many-pass": write_report(study, "grpo", tmp_path / "docs" / "many"), "old": old}
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{README_BEGIN}\nold\n{README_END}\noutro\n")
     assert quote_in_readme(reports, readme)
@@ -354,7 +356,7 @@ def test_readme_quotes_each_regimes_summary_between_its_markers(study, tmp_path)
     assert "#### One-pass ([full report](docs/study.md))" in text
     assert "#### Many-pass ([full report](docs/many/study.md))" in text
     assert text.count("| grpo | - |") == 2 and "| lze |" in text
-    assert "Held-out greedy" not in text and "Training signal" not in text
+    assert "Held-out greedy" not in text and "Training signal" not in text and "Old" not in text
     plain = tmp_path / "PLAIN.md"
     plain.write_text("no markers\n")
     assert not quote_in_readme(reports, plain) and plain.read_text() == "no markers\n"

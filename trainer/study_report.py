@@ -431,6 +431,8 @@ def quote_in_readme(reports: dict[str, Path], readme: Path) -> bool:
     quoted = []
     for regime, report in reports.items():
         markdown = report.read_text()
+        if SUMMARY_HEADING not in markdown:  # a report from before the summary: nothing to quote
+            continue
         start = markdown.index(SUMMARY_HEADING) + len(SUMMARY_HEADING)
         summary = markdown[start:markdown.index("\n## ", start)].strip()
         link = os.path.relpath(report, readme.parent)
