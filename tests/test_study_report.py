@@ -449,3 +449,20 @@ def test_every_study_method_loads_with_its_preset_at_the_official_settings(regim
         for f in LR_FACTORS:
             assert load(r.preset, overrides(variant(m, f), r.preset)).actor.lr == pytest.approx(
                 f * preset.actor.lr)
+
+
+def test_a_best_rate_at_the_grids_edge_adds_the_next_rate_beyond_it(tmp_path, monkeypatch):
+    from lze_trainer.study import REGIMES, _rate_grid
+
+    regime = REGIMES["one-pass"]
+    monkeypatch.chdir(tmp_path)
+    runs = regime.search_runs
+    for name, end in {"grpo-lr0.5": 0.6, "grpo": 0.5, "grpo-lr2": 0.4, "grpo-lr0.25": 0.7,
+                      "lze-lr0.5": 0.5, "lze": 0.6, "lze-lr2": 0.4}.items():
+        _write_run(runs / f"{name}-s10", [0.1, 0.2, 0.3, 0.4, end], 100.0)
+    # Without launching (run=False) the grid is what finished: GRPO's best, 0.5x, is at the edge,
+    # so 0.25x joins it; LZE's best is inside the grid.
+    assert _rate_grid(regime, "grpo", [10], None, 2, run=False) == [
+        "grpo-lr0.5", "grpo", "grpo-lr2", "grpo-lr0.25"]
+    assert _rate_grid(regime, "lze", [10], "grpo-lr0.25", 2, run=False) == [
+        "lze-lr0.5", "lze", "lze-lr2"]

@@ -16,9 +16,10 @@ Each regime has its own search and its own main table (their best learning rates
 the best combination on :data:`SEARCH_SEEDS` (never reported in the main table): plain GRPO at
 every learning rate of :data:`LR_FACTORS` x the preset's runs its step budget; the rate whose
 runs end highest (study_report.tuned_variant) is tuned plain GRPO, whose FLOPs are then every
-other run's budget; DAPO and the regime's candidates run at every rate of the grid too, DAPO's
-best rate is kept the same way, and the candidate (method and rate) with the smallest worst
-ratio to tuned GRPO is the pick (study_report.pick_best). Report: ``docs/study_search/`` (one
+other run's budget; DAPO and the regime's candidates run at every rate of the grid too (a method
+whose best rate is at the grid's edge also at the next rate beyond it), DAPO's best rate is kept
+the same way, and the candidate (method and rate) with the smallest worst ratio to tuned GRPO
+is the pick (study_report.pick_best). Report: ``docs/study_search/`` (one
 pass), ``docs/study_many_pass_search/``.
 
 ``python -m lze_trainer.study [--regime ...] [--seeds 0 1 2]`` (the main study) runs, seed by
@@ -90,7 +91,7 @@ BASE_METHODS = {**METHODS, **COMBINATIONS}
 BASELINE = "grpo"  # tuned on the search seeds; its FLOPs are every other run's budget
 TUNED = ("grpo", "dapo")  # baselines the search tunes, each kept at its best rate
 # The search's learning-rate grid, x the preset's rate, the same for the baselines and the
-# candidates (a pick at the grid's edge is flagged in the search's report).
+# candidates; a method whose best rate is at the grid's edge also runs the next rate beyond it.
 LR_FACTORS = (0.5, 1.0, 2.0)
 SEARCH_SEEDS = [10]  # never reported in the main table
 # Plain GRPO's held-out points over its budget: every 1/12, so 25 % and 50 % of it are points.
@@ -234,9 +235,9 @@ def run_all(runs: Path, preset: str, methods: list[str], seeds: list[int], basel
     """Seed by seed, ``baseline`` first (its FLOPs set the others' budget), then ``methods``."""
     steps_cap = f"trainer.total_steps={STEP_CAP * _total_steps(preset, extra)}"
     for seed in seeds:  # every method's seed 0 first: an interrupted study stays comparable
-        for method in [baseline, *(m for m in methods if m != baseline)]:
-            budget = ([] if method == baseline else
-                      [*budget_of(run_dir(runs, baseline, seed)), steps_cap])
+        _run_once(runs, preset, baseline, seed, extra, nproc)
+        for method in (m for m in methods if m != baseline):
+            budget = [*budget_of(run_dir(runs, baseline, seed)), steps_cap]
             _run_once(runs, preset, method, seed, extra + budget, nproc)
 
 
@@ -251,25 +252,56 @@ def _run_once(runs: Path, preset: str, method: str, seed: int, extra: list[str],
 
 
 def search(regime: Regime, seeds: list[int], nproc: int, run: bool = True) -> Path:
-    """Tune the baselines and pick the best combination of ``regime`` on ``seeds``."""
+    """Tune the baselines and pick the best combination of ``regime`` on ``seeds``: plain GRPO's
+    rates first (its best sets every other run's budget), then DAPO's and each candidate's."""
     runs = regime.search_runs
-    grpo = [variant(BASELINE, f) for f in LR_FACTORS]
-    if run:
-        for seed in seeds:
-            for name in grpo:
-                _run_once(runs, regime.preset, name, seed, [], nproc)
-    baseline = tuned_variant({m: [run_dir(runs, m, s) for s in seeds] for m in grpo})
-    others = [variant(m, f) for m in (*TUNED[1:], *regime.candidates) for f in LR_FACTORS]
-    if run:
-        run_all(runs, regime.preset, others, seeds, baseline, [], nproc)
-    methods = [baseline, *(g for g in grpo if g != baseline), *others]
-    return write_report({m: [run_dir(runs, m, s) for s in seeds] for m in methods}, baseline,
-                        regime.search_report, preset=regime.preset,
+    folders = lambda names: {m: [run_dir(runs, m, s) for s in seeds] for m in names}  # noqa: E731
+    grpo = _rate_grid(regime, BASELINE, seeds, None, nproc, run)
+    baseline = tuned_variant(folders(grpo))
+    grids = {m: _rate_grid(regime, m, seeds, baseline, nproc, run)
+             for m in (*TUNED[1:], *regime.candidates)}
+    methods = [baseline, *(g for g in grpo if g != baseline), *(v for g in grids.values()
+                                                                for v in g)]
+    return write_report(folders(methods), baseline, regime.search_report, preset=regime.preset,
                         rates={m: learning_rate(m, regime.preset) for m in methods},
                         overrides={m: overrides(m, regime.preset) for m in methods},
-                        candidates=[variant(m, f) for m in regime.candidates for f in LR_FACTORS],
-                        tuned={m: [variant(m, f) for f in LR_FACTORS] for m in TUNED},
+                        candidates=[v for m in regime.candidates for v in grids[m]],
+                        tuned={BASELINE: grpo, **{m: grids[m] for m in TUNED[1:]}},
                         goal_costs=regime.goal_costs, regime=regime.name)
+
+
+def _rate_grid(regime: Regime, method: str, seeds: list[int], baseline: str | None, nproc: int,
+               run: bool) -> list[str]:
+    """``method`` at every rate of LR_FACTORS (at ``baseline``'s FLOPs budget unless it is the
+    baseline); where the one that ends highest (study_report.tuned_variant) is at the grid's edge,
+    also at the next rate beyond it, once (the best rate may lie there). Returns the variants
+    run."""
+    runs = regime.search_runs
+    names = [variant(method, f) for f in LR_FACTORS]
+
+    def run_names(todo: list[str]) -> None:
+        if run:
+            for seed in seeds:
+                for name in todo:
+                    budget = [] if baseline is None else _budget(runs, regime.preset, baseline,
+                                                                 seed)
+                    _run_once(runs, regime.preset, name, seed, budget, nproc)
+
+    run_names(names)
+    best = split_variant(tuned_variant({n: [run_dir(runs, n, s) for s in seeds] for n in names}))[1]
+    low, high = min(LR_FACTORS), max(LR_FACTORS)
+    if best in (low, high):
+        beyond = variant(method, best / 2 if best == low else best * 2)
+        run_names([beyond])
+        if all(is_finished(run_dir(runs, beyond, s)) for s in seeds):
+            names.append(beyond)
+    return names
+
+
+def _budget(runs: Path, preset: str, baseline: str, seed: int) -> list[str]:
+    """A method's budget on ``seed``: what ``baseline`` spent there, and the step cap."""
+    return [*budget_of(run_dir(runs, baseline, seed)),
+            f"trainer.total_steps={STEP_CAP * _total_steps(preset, [])}"]
 
 
 def main_methods(regime: Regime) -> tuple[str, list[str]]:

@@ -740,8 +740,8 @@ def _best_line(best: dict, search_link: Path, overrides: dict[str, list[str]],
 
 def _tuning_lines(runs: dict[str, list[Path]], tuned: dict[str, list[str]],
                   chosen: dict[str, str], rates: dict[str, float]) -> list[str]:
-    """Each tuned baseline's learning rates and how high each ended: the rate kept is the one
-    that ended highest; one at the grid's edge may not be the best there is."""
+    """Each tuned baseline's learning rates (ascending) and how high each ended: the rate kept is
+    the one that ended highest; one at the grid's edge may not be the best there is."""
     lines = ["## Tuned baselines", "",
              f"Each baseline at every learning rate of the grid, judged by how high it ends: the "
              f"mean of its last {END_POINTS} held-out points (the last third of the budget), "
@@ -749,7 +749,7 @@ def _tuning_lines(runs: dict[str, list[Path]], tuned: dict[str, list[str]],
              "run to tuned plain GRPO's FLOPs.", "",
              "| method | learning rate | end score | kept |", "|---|---:|---:|---|"]
     for method, variants in tuned.items():
-        present = [v for v in variants if v in runs]
+        present = sorted((v for v in variants if v in runs), key=lambda v: rates.get(v, 0.0))
         for v in present:
             score = end_score(runs[v])
             lines.append(f"| {v} | {_rate(rates, v)} | "
