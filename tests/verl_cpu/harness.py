@@ -12,8 +12,8 @@ What is recorded (:class:`Run`), per step:
 
 * each stage's input as verl's ``fit`` passes it to the worker group (a proxy around the group:
   ``compute_log_prob`` = old log-probs, ``compute_ref_log_prob``, ``update_actor``): rows, the
-  synthetic padding rows v1 adds, and tokens (prompt + response, what a forward pass runs over),
-  and for legacy the token sequences of the updated rows;
+  synthetic padding rows v1 adds, tokens (prompt + response, what a forward pass runs over),
+  and the token ids of the updated rows;
 * the rollout: every response the rollout server generated (prompt ids, response ids, log-probs),
   and the rows ``fit`` handed the rollout manager;
 * the weights the server received after each update (verl's weight sync): step 0 is the start.
@@ -52,11 +52,26 @@ class Shape:
     response_length: int = 8
 
 
-def activate() -> None:
-    """Make this process (the trainer's driver) use the CPU platform; Ray workers get the same
-    environment through :func:`ray_session`."""
-    os.environ.update(platform.environment(TESTS_DIR))
+@contextmanager
+def cpu_platform():
+    """This process (the trainer's driver) on the CPU platform and its environment, restored
+    afterwards; Ray workers get the same environment through :func:`ray_session`."""
+    from verl.plugin.platform import platform_manager
+
+    environment = platform.environment(TESTS_DIR)
+    saved = {key: os.environ.get(key) for key in environment}
+    previous = platform_manager._current_platform
+    os.environ.update(environment)
     platform.activate()
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        platform_manager._current_platform = previous
 
 
 def compose(model: Path, train_file: Path, work: Path, *, v1: bool, shape: Shape = Shape(),
@@ -146,7 +161,7 @@ class StageInput:
     rows: int
     padding_rows: int
     tokens: int
-    sequences: Optional[list[tuple[int, ...]]] = None  # legacy update: the rows' token ids
+    sequences: Optional[list[tuple[int, ...]]] = None  # update: the real rows' token ids
 
 
 @dataclass
@@ -165,7 +180,6 @@ class Run:
     generations: dict[int, list[Generation]] = field(default_factory=dict)
     weights: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
     parameters: int = 0
-    extra: dict = field(default_factory=dict)
 
     def rows(self, step: int, stage: str) -> int:
         return sum(call.rows for call in self.stages[step][stage])
@@ -341,7 +355,6 @@ def fit_v1(config: DictConfig, before_fit=None) -> Run:
             before_fit(trainer)
         trainer.fit(RecordingRolloutManager(manager, trainer, run,
                                             repeat=config.actor_rollout_ref.rollout.n))
-        run.extra["replay_buffer"] = trainer.replay_buffer
         _collect_server(run)
     return run
 

@@ -95,9 +95,10 @@ class HFServer:
         return token_ids, log_probs
 
     def _generator(self, request_id: str, prompt: tuple) -> torch.Generator:
-        """A generator seeded by the request: verl's deterministic request ids name the prompt's
-        position in the batch, and v1 gives the n samples of a prompt one id, so repeats of a
-        (step, id, prompt) are numbered to draw different responses."""
+        """A generator seeded by the request. Under ``rollout.full_determinism`` verl's request
+        ids are ``det-<priority>``: legacy numbers the rows of its batch, v1 sets no priority
+        (every id is ``det-0``), so the repeats of a (step, id, prompt) are numbered, or the n
+        responses of a group would be one response n times."""
         draw = (self.global_steps, request_id, prompt)
         self.draws[draw] += 1
         key = f"{self.config.seed}|{draw}|{self.draws[draw]}".encode()
