@@ -9,7 +9,7 @@ results/integrations.json and printed; report.py (the kernel benchmark report) d
     (``adv_estimator=grpo``; dict of uid lists, per-group torch mean/std, per-response writes);
   - ``verl vectorised``: the installed verl's ``compute_grpo_vectorized_outcome_advantage``
     (``adv_estimator=grpo_vectorized``);
-  - ``LZEAdvantage`` with ``policy="lze"`` and ``"dapo"``, and its kernels alone (the fused
+  - ``LZEAdvantage`` with ``method="lze"`` and ``"dapo"``, and its kernels alone (the fused
     selector step, resp. the DAPO keep mask and GRPO advantages, on the ``[B, G]`` rewards);
   - ``floor``: the two ``[bs, T]`` passes any estimator with verl's contract makes,
     ``token_level_rewards.sum(-1)`` and the masked broadcast ``A.unsqueeze(-1) * mask``.
@@ -22,7 +22,7 @@ results/integrations.json and printed; report.py (the kernel benchmark report) d
   within 1.5x the floor + 0.5 ms. The adapter's outputs are checked against both verl
   estimators on one batch of each case, and its selection against LZE's host loop
   (baselines.PythonLoopSelector, the public release's way).
-* TRL: seconds per training step of ``GRPOTrainer`` and of ``LZEGRPOTrainer`` (policy "lze",
+* TRL: seconds per training step of ``GRPOTrainer`` and of ``LZEGRPOTrainer`` (method "lze",
   keep_ratio 0.4) on a tiny Qwen2, and the time of the selection hook alone.
 
 Each entry records the load average and torch's thread count: on a 2-core machine shared with
@@ -141,7 +141,7 @@ def _check_like_for_like(batches: VerlBatches, adapters: dict, verl: dict) -> No
     token_rewards, mask, index, rows = batches()
     loop_selector = PythonLoopSelector(adapters["lze"].selector.config)
     expected = verl["verl_loop"](token_rewards, mask, index)
-    for policy, adapter in adapters.items():
+    for adapter in adapters.values():
         advantages, _ = adapter(token_rewards, mask, index, prompt_index=rows)
         torch.testing.assert_close(advantages, expected, rtol=1e-6, atol=1e-6)
         torch.testing.assert_close(advantages, verl["verl_vectorized"](token_rewards, mask, index),
@@ -171,9 +171,9 @@ def test_verl_estimators(num_prompts, group, length, order):
     bs, config = num_prompts * group, LZEConfig()
     _check_like_for_like(VerlBatches(num_prompts, group, 32, order, seed=2),
                          {"lze": LZEAdvantage(4 * num_prompts, config),
-                          "dapo": LZEAdvantage(policy="dapo")}, verl)
+                          "dapo": LZEAdvantage(method="dapo")}, verl)
 
-    adapters = {"lze": LZEAdvantage(4 * num_prompts, config), "dapo": LZEAdvantage(policy="dapo")}
+    adapters = {"lze": LZEAdvantage(4 * num_prompts, config), "dapo": LZEAdvantage(method="dapo")}
     kernel_selector = LZESelector(4 * num_prompts, config)
     batches = VerlBatches(num_prompts, group, length, order, seed=1)
     scores, ids = _kernel_inputs(batches)
@@ -189,8 +189,8 @@ def test_verl_estimators(num_prompts, group, length, order):
     loop_rounds = LOOP_ROUNDS if bs >= LOOP_FEW_ROUNDS_FROM else ROUNDS
     medians.update(_interleaved_medians(timed, ("verl_loop",), batches, loop_rounds))
     budget = 1.5 * medians["floor_s"] + 0.5e-3
-    goal = {policy: medians[f"{policy}_s"] < min(medians["verl_vectorized_s"], budget)
-            for policy in ("lze", "dapo")}
+    goal = {method: medians[f"{method}_s"] < min(medians["verl_vectorized_s"], budget)
+            for method in ("lze", "dapo")}
     _record(f"verl B{num_prompts} G{group} T{length} {order}",
             {**medians, "budget_s": budget, "meets_goal": goal,
              "backend": adapters["lze"].selector.backend, "rounds": _rounds(bs, length),

@@ -154,8 +154,8 @@ def test_engine_weights_walk_trls_parameters_copied_under_every_tied_name(model_
 
 
 def test_bad_arguments_raise(model_dir, tmp_path):
-    with pytest.raises(ValueError, match="policy"):
-        make_trainer(model_dir, tmp_path, policy="uniform")
+    with pytest.raises(ValueError, match="method: expected one of"):
+        make_trainer(model_dir, tmp_path, method="uniform")
     wrong_index = Dataset.from_dict({"prompt": PROMPTS[:2], "lze_index": [1, 0]})
     with pytest.raises(ValueError, match="lze_index"):
         LZEGRPOTrainer(model=model_dir, reward_funcs=pattern_reward,
@@ -163,6 +163,16 @@ def test_bad_arguments_raise(model_dir, tmp_path):
     with pytest.raises(ValueError, match="map-style"):
         LZEGRPOTrainer(model=model_dir, reward_funcs=pattern_reward,
                        args=make_config(tmp_path), train_dataset=wrong_index.to_iterable_dataset())
+
+
+def test_policy_is_read_as_method_with_a_deprecation_warning(model_dir, tmp_path):
+    """The previous release's name of ``method``: read, with a warning naming the new name;
+    both given is refused before TRL builds anything."""
+    with pytest.warns(DeprecationWarning, match="policy is now method"):
+        trainer = make_trainer(model_dir, tmp_path, policy="dapo")
+    assert trainer.lze_method == "dapo" and trainer.lze_selector is None
+    with pytest.raises(ValueError, match="method and policy"):
+        make_trainer(model_dir, tmp_path, method="dapo", policy="dapo")
 
 
 def format_reward(completions, **_):
@@ -365,9 +375,9 @@ class RecordingTrainer(LZEGRPOTrainer):
         return output
 
 
-def test_dapo_policy_drops_exactly_the_zero_variance_groups(model_dir, tmp_path):
+def test_dapo_method_drops_exactly_the_zero_variance_groups(model_dir, tmp_path):
     config = make_config(tmp_path, max_steps=3, remove_unused_columns=True)  # keeps lze_index
-    trainer = make_trainer(model_dir, tmp_path, trainer_cls=RecordingTrainer, policy="dapo",
+    trainer = make_trainer(model_dir, tmp_path, trainer_cls=RecordingTrainer, method="dapo",
                            config=config)
     trainer.train()
     assert trainer.lze_selector is None and len(trainer.selections) == 3

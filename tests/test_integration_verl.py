@@ -181,7 +181,7 @@ def test_broadcast_is_verls_expression_bit_for_bit(mask_dtype):
     advantages, _ = LZEAdvantage(20)(rewards, mask, index, prompt_index=rows)
     assert advantages.dtype == expected.dtype  # float64 masks promote, as in verl
     assert_within(advantages, expected, verl_tolerance(rewards, mask, index), "advantages")
-    adapter = LZEAdvantage(policy="dapo")
+    adapter = LZEAdvantage(method="dapo")
     per_response = adapter(rewards, mask.to(torch.float32), index)[0][:, 0]
     assert torch.equal(adapter(rewards, mask, index)[0], per_response.unsqueeze(-1) * mask)
 
@@ -259,9 +259,9 @@ def test_fresh_uids_each_step_share_the_dataset_rows_state():
     assert seen[np.arange(10) * 3].tolist() == [2] * 10 and int(seen.sum()) == 20
 
 
-def test_dapo_policy_keeps_exactly_the_groups_with_unequal_scores():
+def test_dapo_method_keeps_exactly_the_groups_with_unequal_scores():
     rewards, mask, index, _ = verl_batch(40, 4, seed=9)
-    adapter = LZEAdvantage(policy="dapo")
+    adapter = LZEAdvantage(method="dapo")
     advantages, _ = adapter(rewards, mask, index)
     scores = rewards.sum(-1)
     by_uid = defaultdict(set)
@@ -283,6 +283,17 @@ def test_score_fn_maps_rewards_for_lze_but_not_the_advantages():
     plain = LZEAdvantage(50)
     plain(rewards, mask, index, prompt_index=rows)
     assert torch.equal(adapter.last.keep_mask, plain.last.keep_mask)
+
+
+def test_policy_is_read_as_method_with_a_deprecation_warning():
+    """The previous release's name of ``method``: read, with a warning naming the new name."""
+    with pytest.warns(DeprecationWarning, match="policy is now method"):
+        adapter = LZEAdvantage(policy="dapo")
+    assert adapter.method == "dapo" and adapter.selector is None
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="policy: expected"):
+        LZEAdvantage(20, policy="top")
+    with pytest.raises(ValueError, match="method and policy"):
+        LZEAdvantage(20, method="lze", policy="lze")
 
 
 def test_state_round_trips():
@@ -312,8 +323,8 @@ def test_bad_inputs_raise_naming_the_argument():
         adapter(rewards, mask, index[:-1], prompt_index=rows)
     with pytest.raises(ValueError, match="response_mask"):
         adapter(rewards, mask[:, :-1], index, prompt_index=rows)
-    with pytest.raises(ValueError, match="policy"):
-        LZEAdvantage(20, policy="top")
+    with pytest.raises(ValueError, match="method: expected one of"):
+        LZEAdvantage(20, method="top")
     for bad in (float("nan"), float("inf"), -0.5):  # one check before the unchecked kernels
         broken = rewards.clone()
         broken[3, 0] = bad

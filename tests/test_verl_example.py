@@ -75,12 +75,23 @@ def test_example_script_composes_and_builds_the_buffer(forward, mode):
         checkpoint.unregister(checkpoint.FORWARD)
 
 
+def test_example_script_reads_policy_as_method():
+    """POLICY, the previous name of METHOD, still chooses the method (with a note); both given
+    stop the script before it launches anything."""
+    method = "+trainer.v1.sampler.sampler_kwargs.method="
+    assert f"{method}dapo" in script_overrides(METHOD="dapo")
+    assert f"{method}dapo" in script_overrides(POLICY="dapo")
+    both = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True,
+                          env={**os.environ, "METHOD": "lze", "POLICY": "dapo"})
+    assert both.returncode == 2 and "give METHOD only" in both.stderr
+
+
 def test_docs_quick_start_composes_and_builds_the_buffer():
     config = composed(quick_start_overrides())
     assert config.trainer.use_v1 and config.algorithm.adv_estimator == "grpo"
     try:
         buffer = built_buffer(config)
-        assert buffer.mode == "topk" and buffer.policy == "lze"
+        assert buffer.mode == "topk" and buffer.method == "lze"
         assert buffer.selector.num_prompts == 7473 and buffer.keep_ratio == 0.5
         assert config.data.custom_cls.name == "LZERLHFDataset"
         assert config.data.dataloader_num_workers == 0

@@ -118,7 +118,7 @@ def v1_sampler(mode: str) -> list[str]:
             "trainer.v1.sampler.custom_sampler.name=LZEReplayBuffer",
             "data.custom_cls.path=pkg://lze_kernels.integrations.verl.checkpoint",
             "data.custom_cls.name=LZERLHFDataset",
-            f"{kwargs}.mode={mode}", f"{kwargs}.policy=lze", f"{kwargs}.num_prompts={SHAPE.prompts}",
+            f"{kwargs}.mode={mode}", f"{kwargs}.method=lze", f"{kwargs}.num_prompts={SHAPE.prompts}",
             *(f"{kwargs}.lze.{key}={value}" for key, value in LZE_OPTIONS.items())]
 
 

@@ -227,7 +227,7 @@ def test_a_k_verl_cannot_split_is_refused_naming_both_numbers(registered):
 
 def test_dapo_keeps_the_mixed_groups_filled_to_a_multiple(registered):
     """DAPO keeps the 3 groups with unequal rewards, filled to 4 (a multiple of 2)."""
-    trainer = trainer_without_workers(estimator=registered(LZEAdvantage(policy="dapo")))
+    trainer = trainer_without_workers(estimator=registered(LZEAdvantage(method="dapo")))
     batch = fit_batch(trainer, [4, 1, 0, 2, 4, 3, 0, 0], [5, 0, 9, 2, 7, 3, 11, 6])
     trainer._balance_batch(batch, metrics={})
     assert rows_in(trainer, batch) == sorted([0, 2, 3, 5])
@@ -284,8 +284,8 @@ def test_selection_off_equals_verls_grpo_after_balance_batch(registered):
     trainer = trainer_without_workers(dp_size=4)
     batch = fit_batch(trainer, [0, 1, 2, 4, 3, 2], [5, 0, 9, 2, 7, 3])
     RayPPOTrainer._balance_batch(trainer, batch, metrics={})
-    for policy in ("lze", "dapo"):
-        lze = LZEAdvantage(10, CONFIG, policy=policy)
+    for method in ("lze", "dapo"):
+        lze = LZEAdvantage(10, CONFIG, method=method)
         name = registered(lze)
         lze.bind_uids(batch.non_tensor_batch["uid"],
                       [trainer._rows_by_uid[u] for u in batch.non_tensor_batch["uid"]])

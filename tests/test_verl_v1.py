@@ -195,7 +195,7 @@ def test_dapo_refills_until_the_batch_is_full(transfer_queue):
     first 3 prompts hold 1 mixed group (rows 3 and 4 are all wrong / all right), so 2 more are
     rolled out and both kept."""
     rollouts = Rollouts(order=[3, 4, 1, 2, 6])
-    rb = buffer(rollouts, mode="refill", policy="dapo")
+    rb = buffer(rollouts, mode="refill", method="dapo")
     rollouts.dispatch(3)
     batch, metrics = rb.sample(global_steps=1, partition_id="train", batch_size=3)
     assert rollouts.refills == [2]
@@ -248,12 +248,26 @@ def test_bad_settings_are_refused():
         buffer(rollouts, lze={"keep_ratio": 2.0})
     with pytest.raises(ValueError, match="forward: unknown options"):
         buffer(rollouts, forward={"method": "greso", "batch_size": 4, "temperature": 1.0})
-    with pytest.raises(ValueError, match="pruner needs policy 'lze'"):
-        buffer(rollouts, policy="dapo", forward={"method": "pruner", "batch_size": 4})
+    with pytest.raises(ValueError, match="pruner needs sampler_kwargs.method 'lze'"):
+        buffer(rollouts, method="dapo", forward={"method": "pruner", "batch_size": 4})
     with pytest.raises(ValueError, match="embeddings"):
         buffer(rollouts, forward={"method": "dots", "batch_size": 4})
     with pytest.raises(ValueError, match="forward.embeddings: only method 'dots'"):
         buffer(rollouts, forward={"method": "greso", "batch_size": 4, "embeddings": "e.pt"})
+
+
+def test_policy_is_read_as_method_with_a_deprecation_warning():
+    """``sampler_kwargs.policy``, the previous release's name of ``method``: read, with a
+    warning naming the new name; both given is refused."""
+    try:
+        with pytest.warns(DeprecationWarning,
+                          match="sampler_kwargs.policy is now sampler_kwargs.method"):
+            rb = buffer(Rollouts([]), policy="dapo")
+        assert rb.method == "dapo" and rb.selector is None and rb.keep_ratio == 1.0
+        with pytest.raises(ValueError, match="sampler_kwargs.method and sampler_kwargs.policy"):
+            buffer(Rollouts([]), method="lze", policy="lze")
+    finally:
+        checkpoint.unregister("replay_buffer")
 
 
 def test_forward_dots_chooses_the_rows_verls_dataloader_fetches(transfer_queue, tmp_path,
@@ -274,7 +288,7 @@ def test_forward_dots_chooses_the_rows_verls_dataloader_fetches(transfer_queue, 
                                                           dataset))
     torch.save(torch.eye(NUM_PROMPTS) * 20.0, tmp_path / "embeddings.pt")
     rollouts = Rollouts(iter(loader))
-    rb = buffer(rollouts, policy="dapo", forward={
+    rb = buffer(rollouts, method="dapo", forward={
         "method": "dots", "batch_size": 4, "embeddings": str(tmp_path / "embeddings.pt"),
         "tau": 1e-3, "attention_tau": 0.1})
     assert checkpoint.part(checkpoint.FORWARD) is rb.forward

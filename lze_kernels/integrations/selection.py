@@ -1,13 +1,20 @@
 """What both integrations share: which whole prompt groups a step keeps, and the metrics of it.
 
-A *policy* decides from one step's rewards ``[B, G]`` which groups go to the actor update:
-``"lze"`` keeps the top-k groups by Learning-Zone Energy (docs/spec.md §3-4, stateful, one fused step) and
-``"dapo"`` keeps the groups whose rewards are not all equal (DAPO dynamic sampling, Yu et al.,
-2025, docs/spec.md §7, stateless). Trainers drop or keep whole groups, never single rollouts (docs/spec.md §4).
+A selection *method* decides from one step's rewards ``[B, G]`` which groups go to the actor
+update: ``"lze"`` keeps the top-k groups by Learning-Zone Energy (docs/spec.md §3-4, stateful,
+one fused step) and ``"dapo"`` keeps the groups whose rewards are not all equal (DAPO dynamic
+sampling, Yu et al., 2025, docs/spec.md §7, stateless). Trainers drop or keep whole groups, never
+single rollouts (docs/spec.md §4).
+Plain GRPO (every group) is the framework's own trainer (TRL's ``GRPOTrainer``, verl's ``grpo``
+estimator), so neither integration has a method for it.
+
+The previous release called the method ``policy`` (in RL the policy is the model); that name is
+still read, with a ``DeprecationWarning``, for one more release (:func:`method_or_renamed`).
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -17,7 +24,7 @@ from .. import layout as L
 from .. import ops, validation
 from ..selector import LZESelector, StepOutput
 
-POLICIES = ("lze", "dapo")
+METHODS = ("lze", "dapo")
 
 ScoreFn = Callable[[torch.Tensor], torch.Tensor]
 
@@ -29,25 +36,45 @@ class GroupSelection:
     prompt_ids: torch.Tensor  # [B] int64 dataset rows
     keep: torch.Tensor  # [B] bool
     num_kept: torch.Tensor  # 0-dim int64
-    step: Optional[StepOutput] = None  # the selector's full output (policy "lze")
+    step: Optional[StepOutput] = None  # the selector's full output (method "lze")
 
 
-def check_policy(policy: str) -> None:
-    if policy not in POLICIES:
-        raise ValueError(f"policy: expected one of {POLICIES}, got {policy!r}")
+def check_method(method: str, name: str = "method") -> None:
+    if method not in METHODS:
+        raise ValueError(f"{name}: expected one of {METHODS}, got {method!r}")
 
 
-def select_groups(policy: str, selector: Optional[LZESelector], rewards: torch.Tensor,
+def method_or_renamed(method: Optional[str], policy: Optional[str], prefix: str = "",
+                      stacklevel: int = 3) -> str:
+    """The checked selection method (default ``"lze"``), given as ``method`` or under its
+    previous name ``policy`` (read for one more release, with a ``DeprecationWarning`` naming
+    ``method``; both given: ``ValueError``). ``prefix`` names where the option sits, e.g.
+    ``"sampler_kwargs."``; ``stacklevel`` points the warning at the caller's caller."""
+    name = f"{prefix}method"
+    if policy is not None:
+        if method is not None:
+            raise ValueError(f"{name} and {prefix}policy: give only {name} ({prefix}policy is "
+                             f"its previous name); got {method!r} and {policy!r}")
+        warnings.warn(f"{prefix}policy is now {name} (in RL the policy is the model); the old "
+                      f"name is read until the next release", DeprecationWarning,
+                      stacklevel=stacklevel)
+        method, name = policy, f"{prefix}policy"
+    method = "lze" if method is None else method
+    check_method(method, name)
+    return method
+
+
+def select_groups(method: str, selector: Optional[LZESelector], rewards: torch.Tensor,
                   prompt_ids: torch.Tensor, valid: Optional[torch.Tensor],
                   score_fn: Optional[ScoreFn] = None, *,
                   ids_checked: bool = False) -> GroupSelection:
-    """Apply ``policy`` to ``rewards`` [B, G] (``valid`` [B, G] marks the scored rollouts; None:
+    """Apply ``method`` to ``rewards`` [B, G] (``valid`` [B, G] marks the scored rollouts; None:
     all are).
 
     ``"lze"`` maps the rewards by :func:`unit_scores`, checks them and (unless the caller has,
     ``ids_checked``) the ids' range and distinctness once, then runs ``selector.step`` without
     its own value checks; ``"dapo"`` needs no selector and takes rewards of any range."""
-    if policy == "dapo":
+    if method == "dapo":
         keep = ops.dapo_keep_mask(rewards, valid)
         return GroupSelection(prompt_ids, keep, keep.sum())
     rewards = unit_scores(rewards, valid, score_fn)

@@ -3,7 +3,7 @@
 >>> from lze_kernels import LZEConfig
 >>> from lze_kernels.integrations.trl import LZEGRPOTrainer
 >>> trainer = LZEGRPOTrainer(model, reward_funcs, args=GRPOConfig(...), train_dataset=dataset,
-...                          policy="lze", lze_config=LZEConfig(keep_ratio=0.4))
+...                          method="lze", lze_config=LZEConfig(keep_ratio=0.4))
 """
 
 from .sampler import EpochPlanner, PrunedRepeatSampler

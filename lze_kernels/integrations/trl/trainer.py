@@ -4,7 +4,7 @@ Checked against trl 1.16.0. It overrides these methods and leaves generation, re
 and the loss formulas to TRL:
 
 * ``_calculate_rewards`` (to keep TRL's gathered rewards) and ``_generate_and_score_completions``:
-  after TRL has scored a generation batch, runs the policy on
+  after TRL has scored a generation batch, runs the selection method on
   the global ``[B, G]`` rewards (TRL gathers them from every process; each group is ``G =
   num_generations`` consecutive completions) with the dataset row of each prompt as its id. Every
   process runs the same step on the same gathered rewards, so the selector state stays identical
@@ -31,7 +31,7 @@ and the loss formulas to TRL:
   processes, and DDP and DeepSpeed need a forward and backward on every process each micro-step.
   A process with no kept row in the micro-batch gets weight 0.
 * ``_set_signature_columns_if_needed``: keeps the index column when ``remove_unused_columns``.
-* ``_get_train_sampler``: the forward pruner (``policy="lze"``, ``prune=True``), see
+* ``_get_train_sampler``: the forward pruner (``method="lze"``, ``prune=True``), see
   :mod:`.sampler`.
 * ``_save_checkpoint`` / ``_load_optimizer_and_scheduler`` (where TRL itself keeps extra state):
   the selector and the epoch plan go to ``lze_state.pt`` in each checkpoint and come back on
@@ -69,7 +69,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from ...config import LZEConfig
 from ...selector import LZESelector
 from ...serialization import load_state_file
-from ..selection import (GroupSelection, ScoreFn, check_policy, select_groups,
+from ..selection import (GroupSelection, ScoreFn, method_or_renamed, select_groups,
                          selection_metrics)
 from .sampler import EpochPlanner, PrunedRepeatSampler
 from .vllm_sync import sync_colocated_vllm_by_reload
@@ -91,9 +91,12 @@ class LZEGRPOTrainer(GRPOTrainer):
     """``GRPOTrainer`` that trains on whole kept prompt groups only.
 
     Args (besides ``GRPOTrainer``'s, which pass through unchanged):
-        policy: ``"lze"`` (top-k groups by Learning-Zone Energy) or ``"dapo"`` (groups whose
-            rewards are not all equal: DAPO dynamic sampling without resampling).
-        lze_config: the selector's :class:`~lze_kernels.LZEConfig` (``policy="lze"``).
+        method: the selection method, ``"lze"`` (the default: top-k groups by Learning-Zone
+            Energy) or ``"dapo"`` (groups whose rewards are not all equal: DAPO dynamic sampling
+            without resampling). Plain GRPO is TRL's own ``GRPOTrainer``.
+        policy: the previous name of ``method``, read until the next release (with a
+            ``DeprecationWarning``; giving both is a ``ValueError``).
+        lze_config: the selector's :class:`~lze_kernels.LZEConfig` (``method="lze"``).
         prune: skip rollouts of prompts the selector pruned, through the sampler (``"lze"``;
             docs/spec.md §5). Off by default, as ``lze_trainer``'s ``selection.prune``: LZE as
             published selects after rollout only, and the pruner changes which prompts a run
@@ -107,19 +110,20 @@ class LZEGRPOTrainer(GRPOTrainer):
     """
 
     def __init__(self, model, reward_funcs=None, args=None, train_dataset=None, *gtrainer_args,
-                 policy: str = "lze", lze_config: Optional[LZEConfig] = None, prune: bool = False,
-                 index_column: str = "lze_index", score_fn: Optional[ScoreFn] = None,
-                 lze_backend: str = "auto", **gtrainer_kwargs):
-        check_policy(policy)
+                 method: Optional[str] = None, lze_config: Optional[LZEConfig] = None,
+                 prune: bool = False, index_column: str = "lze_index",
+                 score_fn: Optional[ScoreFn] = None, lze_backend: str = "auto",
+                 policy: Optional[str] = None, **gtrainer_kwargs):
+        method = method_or_renamed(method, policy)
         train_dataset = with_index_column(train_dataset, index_column)
         super().__init__(model, reward_funcs, args, train_dataset, *gtrainer_args,
                          **gtrainer_kwargs)
-        self.lze_policy = policy
+        self.lze_method = method
         self.lze_index_column = index_column
         self.lze_score_fn = score_fn
         self.lze_selector: Optional[LZESelector] = None
         self.lze_planner: Optional[EpochPlanner] = None
-        if policy == "lze":
+        if method == "lze":
             self.lze_selector = LZESelector(len(train_dataset), lze_config,
                                             device=self.accelerator.device, backend=lze_backend)
             if prune:
@@ -170,7 +174,7 @@ class LZEGRPOTrainer(GRPOTrainer):
         rewards = (rewards_per_func * self.reward_weights.to(rewards_per_func.device)).nansum(1)
         valid = ~torch.isnan(rewards_per_func).all(dim=1)  # TRL: every reward func gave None
         prompt_ids = self._group_prompt_ids(inputs, group)
-        selection = select_groups(self.lze_policy, self.lze_selector, rewards.view(-1, group),
+        selection = select_groups(self.lze_method, self.lze_selector, rewards.view(-1, group),
                                   prompt_ids, valid.view(-1, group), self.lze_score_fn)
 
         local = slice(self.accelerator.process_index * len(inputs),

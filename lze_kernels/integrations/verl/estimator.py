@@ -6,7 +6,7 @@ verl's trainer calls an advantage estimator once per step with the flat batch of
 response's prompt (a numpy object array of strings, or a tensor), plus ``epsilon``,
 ``norm_adv_by_std_in_grpo`` or an algorithm ``config`` holding it. :class:`LZEAdvantage` takes
 exactly that, returns verl's ``(advantages, returns)`` [bs, T] and keeps a per-response
-``keep_mask`` of the whole groups the policy kept (``adapter.last``).
+``keep_mask`` of the whole groups the selection method kept (``adapter.last``).
 
 Group statistics, advantages, energy, the state update and the top-k run in the fused kernels on
 a ``[B, G_max]`` layout. Besides the two ``[bs, T]`` passes verl's contract needs (the response
@@ -51,7 +51,7 @@ import torch
 from ... import ops
 from ...config import LZEConfig
 from ...selector import LZESelector
-from ..selection import GroupSelection, ScoreFn, check_policy
+from ..selection import GroupSelection, ScoreFn, method_or_renamed
 from .rows import RowSelection, check_row_range, host_rows, select_on_rows
 
 
@@ -138,7 +138,7 @@ def rows_by_uid(uids, prompt_index) -> dict:
 
 @dataclass
 class Selected:
-    """One step's groups and the policy's pick among them, before any advantage is computed."""
+    """One step's groups and the method's pick among them, before any advantage is computed."""
 
     scores: torch.Tensor  # [bs] response scores, on the estimator's device
     groups: UidGroups
@@ -167,28 +167,31 @@ class LZEAdvantage:
     """verl advantage estimator with LZE (or DAPO) group selection.
 
     Args:
-        num_prompts: dataset size N (``policy="lze"``; dataset rows index its state).
+        num_prompts: dataset size N (``method="lze"``; dataset rows index its state).
         config: the selector's :class:`~lze_kernels.LZEConfig`.
-        policy: ``"lze"`` or ``"dapo"`` (keep groups whose scores are not all equal).
+        method: the selection method, ``"lze"`` (the default) or ``"dapo"`` (keep groups whose
+            scores are not all equal). Plain GRPO is verl's own ``grpo`` estimator.
         device: where the selector state lives and the kernels run; results come back on the
             device of ``token_level_rewards``.
         backend: the selector's kernel backend.
         score_fn: maps a 1-D tensor of response scores to [0, 1] for LZE's pass rate (default:
             as is); advantages always use the raw scores.
-        zero_dropped: zero the advantages of the groups the policy drops (for a trainer that
+        zero_dropped: zero the advantages of the groups the method drops (for a trainer that
             trains on every response it gets); False: verl's GRPO advantages for every group.
+        policy: the previous name of ``method``, read until the next release (with a
+            ``DeprecationWarning``; giving both is a ``ValueError``).
     """
 
     def __init__(self, num_prompts: Optional[int] = None, config: Optional[LZEConfig] = None, *,
-                 policy: str = "lze", device="cpu", backend: str = "auto",
-                 score_fn: Optional[ScoreFn] = None, zero_dropped: bool = False):
-        check_policy(policy)
-        self.policy = policy
+                 method: Optional[str] = None, device="cpu", backend: str = "auto",
+                 score_fn: Optional[ScoreFn] = None, zero_dropped: bool = False,
+                 policy: Optional[str] = None):
+        self.method = method_or_renamed(method, policy)
         self.device = torch.device(device)
         self.score_fn = score_fn
         self.zero_dropped = bool(zero_dropped)
         self.selector: Optional[LZESelector] = None
-        if policy == "lze":
+        if self.method == "lze":
             self.selector = LZESelector(num_prompts, config, self.device, backend)
         self.last: Optional[VerlStep] = None
         self._bound: Optional[np.ndarray] = None
@@ -245,7 +248,7 @@ class LZEAdvantage:
 
     def select(self, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index,
                prompt_index=None) -> Selected:
-        """Check the step's inputs, then run the policy on its groups (the selector's state
+        """Check the step's inputs, then run the method on its groups (the selector's state
         update); the bound rows are used up only when the step succeeds. A row that comes in
         two groups is one observation (:mod:`.rows`)."""
         _check_token_tensors(token_level_rewards, response_mask)
@@ -256,7 +259,7 @@ class LZEAdvantage:
                              f"got {groups.row.shape[0]}")
         raw, valid = _layout(scores, groups)
         group_rows = self._group_rows(self._rows(prompt_index, index), groups)
-        rows = select_on_rows(self.policy, self.selector, raw, valid, group_rows, self.score_fn)
+        rows = select_on_rows(self.method, self.selector, raw, valid, group_rows, self.score_fn)
         self._bound, self._preselected = None, None
         if prompt_index is None:
             self._rows_by_uid = {}
@@ -323,7 +326,7 @@ class LZEAdvantage:
     def _group_rows(self, ids: Optional[np.ndarray], groups: UidGroups) -> np.ndarray:
         """[num_groups] dataset rows; the first response's row, checked for the whole group."""
         if ids is None:
-            if self.policy == "dapo":  # stateless: the rows are only reported
+            if self.method == "dapo":  # stateless: the rows are only reported
                 return np.full(groups.host_first.shape[0], -1, np.int64)
             raise ValueError("prompt_index: LZE needs each response's dataset row (verl: "
                              "non_tensor_batch['index']); pass it, or call bind() or bind_uids() "

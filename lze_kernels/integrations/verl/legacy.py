@@ -70,7 +70,7 @@ class LZERayPPOTrainer(RayPPOTrainer):
     def init_workers(self):
         super().init_workers()
         estimator = self._estimator()
-        if estimator is not None and estimator.policy == "lze":
+        if estimator is not None and estimator.method == "lze":
             batch = self.config.data.train_batch_size
             kept = self.groups_to_keep(batch, estimator, 0)
             print(f"LZE keeps {kept} of {batch} groups per step ({kept * self._rollout_n()} "
@@ -202,7 +202,7 @@ class LZERayPPOTrainer(RayPPOTrainer):
                         None if valid is None else valid.cpu())
 
     def _cut_to_kept(self, batch, selected: Selected, estimator: LZEAdvantage) -> int:
-        """Keep the rows of the step's first k groups by the policy's ranking (in batch order);
+        """Keep the rows of the step's first k groups by the method's ranking (in batch order);
         returns the rows kept."""
         order, positive = selected.rows.ranking()
         count = self.groups_to_keep(len(order), estimator, positive)
@@ -233,7 +233,7 @@ def check_settings(config, dataloader, estimator: Optional[LZEAdvantage]) -> Non
         raise ValueError("trainer.balance_batch: LZERayPPOTrainer selects in _balance_batch, "
                          "the one step of fit between the rewards and the log-prob passes; set "
                          "it to true")
-    if estimator is not None and estimator.policy == "lze":  # the mini-batch part, before dp
+    if estimator is not None and estimator.method == "lze":  # the mini-batch part, before dp
         groups_to_keep(config, config.data.train_batch_size, estimator, 0, dp=1)
     if sampler is not None and sampler.method == "pruner" and (
             estimator is None or sampler.selector is not estimator.selector):
@@ -248,7 +248,7 @@ def groups_to_keep(config, num_groups: int, estimator: LZEAdvantage, num_positiv
     mini = config.actor_rollout_ref.actor.ppo_mini_batch_size
     n = config.actor_rollout_ref.rollout.n
     unit = math.lcm(mini, dp // math.gcd(dp, n))
-    if estimator.policy == "dapo":
+    if estimator.method == "dapo":
         return min(num_groups, max(unit, -(-num_positive // unit) * unit))
     ratio = estimator.selector.config.keep_ratio
     most = num_keep(num_groups, ratio)

@@ -11,7 +11,7 @@ and the groups it leaves out cost no log-prob pass and no actor update at all.
 
 * ``topk`` (the default; LZE as its paper runs it, docs/spec.md §4): the trainer has dispatched
   K = ``batch_size`` prompts (``prepare_step``); verl's own ``ReplayBuffer.sample`` waits for
-  them and materialises the groups; the policy keeps whole groups: LZE the top
+  them and materialises the groups; the selection method keeps whole groups: LZE the top
   ``k = floor(K x keep_ratio)`` by energy among the groups with energy > 0
   (:class:`~lze_kernels.LZESelector`, its state keyed by dataset row), DAPO the groups whose
   rewards are not all equal. The update gets those groups (at most k; v1 pads the batch to its
@@ -21,7 +21,7 @@ and the groups it leaves out cost no log-prob pass and no actor update at all.
   first group, so that verl's step has a batch.
 * ``refill``: trains on K selected groups, paying more rollouts for a full update: the buffer
   dispatches ``ceil(K / keep_ratio) - K`` more prompts through verl's ``refill_fn``, keeps the
-  policy's pick, and while fewer than K groups are kept it refills the shortfall
+  method's pick, and while fewer than K groups are kept it refills the shortfall
   (``ceil(missing / keep_ratio)`` prompts for LZE, ``missing`` for DAPO) and selects again, at
   most ``max_rounds`` rounds. LZE rolls out at least K / keep_ratio prompts per step (more when
   many groups have zero energy).
@@ -31,7 +31,8 @@ between ``gen_batch_size`` fetches, so a round can span two passes) is one obser
 row (:mod:`.rows`); rounds of one step are separate selector steps, in dispatch order.
 
 Options come from ``trainer.v1.sampler.sampler_kwargs``: ``mode`` (``topk`` / ``refill``),
-``policy`` (``lze`` / ``dapo``), ``num_prompts`` (dataset size, LZE), ``lze`` (a dict of
+``method`` (``lze`` / ``dapo``; ``policy``, its previous name, is read until the next release,
+with a ``DeprecationWarning``), ``num_prompts`` (dataset size, LZE), ``lze`` (a dict of
 :class:`~lze_kernels.LZEConfig` fields), ``success_threshold`` (LZE's pass rate counts a response
 as solved when its reward exceeds it; default: the reward itself, which must lie in [0, 1]),
 ``index_field`` (default ``index``), ``forward`` (forward selection, below), and for ``refill``
@@ -66,7 +67,7 @@ from ...config import LZEConfig, num_keep
 from ...selector import LZESelector
 from ...greso import GresoConfig, GresoFilter
 from ...serialization import load_state_file
-from ..selection import check_policy, selection_metrics, unit_scores
+from ..selection import method_or_renamed, selection_metrics, unit_scores
 from . import checkpoint
 from .estimator import _layout, group_by_uid
 from .forward import ForwardSampler
@@ -92,10 +93,11 @@ class LZEReplayBuffer(ReplayBuffer):
         if self.mode == "refill" and refill_fn is None:
             raise ValueError("refill_fn: LZEReplayBuffer's refill mode needs verl's refill to "
                              "roll out its extra candidates")
+        method = method_or_renamed(options.pop("method", None), options.pop("policy", None),
+                                   prefix="sampler_kwargs.")
         super().__init__(trainer_mode, trainer_config, max_off_policy_threshold,
                          max_off_policy_strategy, sampler_kwargs, poll_interval, refill_fn)
-        self.policy = options.pop("policy", "lze")
-        check_policy(self.policy)
+        self.method = method
         self.max_rounds = _positive_int(options.pop("max_rounds", 4), "max_rounds")
         self.refill_size = _positive_int(options.pop("gen_batch_size", 1), "gen_batch_size")
         self.index_field = str(options.pop("index_field", "index"))
@@ -106,11 +108,11 @@ class LZEReplayBuffer(ReplayBuffer):
         forward = options.pop("forward", None)
         if options:
             raise ValueError(f"sampler_kwargs: unknown options {sorted(options)}; expected mode, "
-                             "policy, num_prompts, lze, max_rounds, gen_batch_size, "
+                             "method, num_prompts, lze, max_rounds, gen_batch_size, "
                              "success_threshold, index_field, forward")
-        self.keep_ratio = config.keep_ratio if self.policy == "lze" else 1.0
+        self.keep_ratio = config.keep_ratio if self.method == "lze" else 1.0
         self.selector: Optional[LZESelector] = None
-        if self.policy == "lze":
+        if self.method == "lze":
             self.selector = LZESelector(num_prompts, config, "cpu")
         self.forward = None if forward is None else self._forward_sampler(dict(forward),
                                                                           num_prompts)
@@ -172,7 +174,7 @@ class LZEReplayBuffer(ReplayBuffer):
         return KVBatchMeta(partition_id=partition_id, keys=keys, tags=tags), metrics
 
     def _candidates(self, groups: int) -> int:
-        """Prompts to roll out so that the policy can keep ``groups`` of them, rounded up to
+        """Prompts to roll out so that the method can keep ``groups`` of them, rounded up to
         whole dataloader fetches beyond the trainer's own batch."""
         return math.ceil(groups / self.keep_ratio - 1e-9)
 
@@ -185,7 +187,7 @@ class LZEReplayBuffer(ReplayBuffer):
         return prompts
 
     def _select(self, batch: KVBatchMeta, wanted: int):
-        """``(keys, tags, num_kept)`` of the best ``wanted`` groups the policy keeps in ``batch``
+        """``(keys, tags, num_kept)`` of the best ``wanted`` groups the method keeps in ``batch``
         (topk: with energy > 0, at least one); the others leave TransferQueue."""
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
                                select_fields=[REWARD_FIELD, self.index_field])
@@ -198,7 +200,7 @@ class LZEReplayBuffer(ReplayBuffer):
         if self.forward is not None:  # every group verl generated, kept or not
             self.forward.observe(torch.as_tensor(rows), unit_scores(raw, valid, self.score_fn),
                                  valid)
-        selection = select_on_rows(self.policy, self.selector, raw, valid, rows, self.score_fn)
+        selection = select_on_rows(self.method, self.selector, raw, valid, rows, self.score_fn)
         order, positive = selection.ranking()
         if self.mode == "topk":
             count = max(1, min(wanted, positive))
@@ -222,8 +224,8 @@ class LZEReplayBuffer(ReplayBuffer):
         ``attention_tau``."""
         method = options.pop("method", None)
         if method == "pruner" and self.selector is None:
-            raise ValueError("sampler_kwargs.forward.method: the pruner needs policy 'lze' (its "
-                             "state is LZE's selector)")
+            raise ValueError("sampler_kwargs.forward.method: the pruner needs "
+                             "sampler_kwargs.method 'lze' (its state is LZE's selector)")
         greso = (GresoFilter(num_prompts, GresoConfig(**dict(options.pop("greso", None) or {})))
                  if method == "greso" else None)
         embeddings = options.pop("embeddings", None)

@@ -97,9 +97,9 @@ def merge_groups(rewards: torch.Tensor, valid: Optional[torch.Tensor], repeats: 
 
 @dataclass
 class RowSelection:
-    """A policy's pick among a step's groups, their rows possibly repeated."""
+    """A selection method's pick among a step's groups, their rows possibly repeated."""
 
-    keep: torch.Tensor  # [num_groups] bool: the policy keeps the group
+    keep: torch.Tensor  # [num_groups] bool: the method keeps the group
     selection: GroupSelection  # over the distinct rows (LZE) or the groups (DAPO)
     repeats: Repeats
 
@@ -139,20 +139,20 @@ class RowSelection:
         return np.concatenate([chosen, rest]).tolist(), int((energy > 0).sum())
 
 
-def select_on_rows(policy: str, selector: Optional[LZESelector], rewards: torch.Tensor,
+def select_on_rows(method: str, selector: Optional[LZESelector], rewards: torch.Tensor,
                    valid: Optional[torch.Tensor], group_rows: np.ndarray,
                    score_fn: Optional[ScoreFn] = None) -> RowSelection:
-    """Apply ``policy`` to the groups ``rewards`` [num_groups, G] whose dataset rows are
+    """Apply ``method`` to the groups ``rewards`` [num_groups, G] whose dataset rows are
     ``group_rows`` (checked in range by the caller; repeats allowed). LZE runs one selector step
     on the distinct rows, a repeated row's groups merged (module docstring); DAPO is per group."""
     repeats = find_repeats(group_rows)
-    if policy == "dapo" or not repeats.any:
+    if method == "dapo" or not repeats.any:
         ids = torch.as_tensor(group_rows, device=rewards.device)
-        selection = select_groups(policy, selector, rewards, ids, valid, score_fn,
+        selection = select_groups(method, selector, rewards, ids, valid, score_fn,
                                   ids_checked=True)
         return RowSelection(selection.keep, selection, repeats)
     merged, merged_valid = merge_groups(rewards, valid, repeats)
-    selection = select_groups(policy, selector, merged,
+    selection = select_groups(method, selector, merged,
                               torch.as_tensor(repeats.rows, device=rewards.device), merged_valid,
                               score_fn, ids_checked=True)
     of_group = torch.as_tensor(repeats.of_group, device=selection.keep.device)
