@@ -13,7 +13,8 @@
 # trains on K selected groups instead, rolling out ceil(K / keep_ratio) prompts and more (the
 # extra ones through verl's refill, one prompt per fetch). FORWARD=greso (or pruner, dots) also
 # chooses which prompts are rolled out at all; DOTS needs EMBEDDINGS, a torch file of
-# [num_prompts, d] prompt embeddings in dataset order.
+# [num_prompts, d] prompt embeddings in dataset order. METHOD=dapo keeps the groups whose rewards
+# are not all equal instead of LZE's top k.
 # The dataset rows must carry extra_info.index = their row number (verl's example preprocessors
 # write it): LZE keys each prompt's history by it. docs/verl.md has the account.
 set -euo pipefail
@@ -23,7 +24,15 @@ VAL=${VAL:-$HOME/data/gsm8k/test.parquet}
 MODEL=${MODEL:-Qwen/Qwen2.5-1.5B-Instruct}
 NUM_PROMPTS=${NUM_PROMPTS:-7473}   # rows of $TRAIN
 BATCH=${BATCH:-128}
-POLICY=${POLICY:-lze}              # lze | dapo
+if [[ -n ${POLICY:-} ]]; then       # the previous name of METHOD, read until the next release
+    if [[ -n ${METHOD:-} ]]; then
+        echo "run_lze_grpo.sh: give METHOD only (POLICY is its previous name)" >&2
+        exit 2
+    fi
+    echo "run_lze_grpo.sh: POLICY is now METHOD (in RL the policy is the model)" >&2
+    METHOD=$POLICY
+fi
+METHOD=${METHOD:-lze}              # lze | dapo (plain GRPO: verl without these overrides)
 MODE=${MODE:-topk}                 # topk | refill
 FORWARD=${FORWARD:-}               # empty | pruner | greso | dots
 EMBEDDINGS=${EMBEDDINGS:-}
@@ -49,7 +58,7 @@ python3 -m verl.trainer.main_ppo \
     data.custom_cls.name=LZERLHFDataset \
     trainer.v1.sampler.custom_sampler.path=pkg://lze_kernels.integrations.verl.replay_buffer \
     trainer.v1.sampler.custom_sampler.name=LZEReplayBuffer \
-    +trainer.v1.sampler.sampler_kwargs.policy="$POLICY" \
+    +trainer.v1.sampler.sampler_kwargs.method="$METHOD" \
     +trainer.v1.sampler.sampler_kwargs.num_prompts="$NUM_PROMPTS" \
     +trainer.v1.sampler.sampler_kwargs.mode="$MODE" \
     "${refill[@]}" \
@@ -65,7 +74,7 @@ python3 -m verl.trainer.main_ppo \
     actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16 \
     actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16 \
     trainer.n_gpus_per_node=8 trainer.nnodes=1 \
-    trainer.project_name=lze_verl trainer.experiment_name="grpo_${POLICY}_${MODE}${FORWARD:+_$FORWARD}" \
+    trainer.project_name=lze_verl trainer.experiment_name="grpo_${METHOD}_${MODE}${FORWARD:+_$FORWARD}" \
     trainer.save_freq=20 trainer.test_freq=10 trainer.total_epochs=3 \
     trainer.logger='["console"]' \
     "$@"
