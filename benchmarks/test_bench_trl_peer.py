@@ -50,13 +50,13 @@ def demo_prompts():
     return load_prompts(DATA).to_list()
 
 
-def lze_trainer_run(run_dir: Path, model_dir: str, policy: str) -> list[float]:
+def lze_trainer_run(run_dir: Path, model_dir: str, method: str) -> list[float]:
     result = trainer_launch.train(
         run_dir, f"model.path={model_dir}", f"data.train={DATA}", "data.eval=[]",
         "rollout.engine=vllm", f"rollout.n={G}", f"rollout.max_new_tokens={T}",
         f"trainer.batch_size={B}", f"trainer.total_steps={STEPS}", "trainer.eval_every=0",
         "trainer.save_every=0", "trainer.save_hf_model=false", "sft_warmup.steps=0",
-        "reward.function=trainer_rewards:even_length", f"selection.method={policy}",
+        "reward.function=trainer_rewards:even_length", f"selection.method={method}",
         f"selection.keep_ratio={KEEP_RATIO}", f"actor.lr={LR}", "actor.lr_warmup_steps=0",
         f"actor.micro_batch_size={B * G // PROCESSES}", "actor.zero_stage=0",
         preset="demo", timeout=1800)
@@ -84,7 +84,7 @@ def test_trl_peer_step_time(benchmark, tmp_path):
     model_dir = str(tiny_model.build(MODEL, tmp_path / "model", corpus(rows)))
     prompts = [row["messages"] for row in rows]
     runs = {
-        "lze_trainer uniform": lambda: lze_trainer_run(tmp_path / "grpo", model_dir, "grpo"),
+        "lze_trainer grpo": lambda: lze_trainer_run(tmp_path / "grpo", model_dir, "grpo"),
         "lze_trainer lze": lambda: lze_trainer_run(tmp_path / "lze", model_dir, "lze"),
         BASELINE: lambda: trl_run(tmp_path / "trl", model_dir, prompts, "trl"),
         "trl LZEGRPOTrainer": lambda: trl_run(tmp_path / "trl-lze", model_dir, prompts, "lze"),
