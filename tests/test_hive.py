@@ -50,9 +50,9 @@ def test_two_stages_pick_known_prompts_and_fill_the_batch(monkeypatch):
 def test_entropy_filter_only_over_the_sampler():
     import pytest
 
-    for policy in ("dots", "greso"):
+    for name in ("dots", "greso"):
         with pytest.raises(ValueError, match="selection.entropy_filter"):
-            build(policy, "selection.entropy_filter=true")
+            build(name, "selection.entropy_filter=true")
 
 
 def test_a_step_runs_and_the_state_round_trips(monkeypatch):

@@ -62,16 +62,16 @@ def test_the_round_cap_ends_a_zero_variance_stream_with_nothing_trained():
     assert len(set(plan.prompt_ids.tolist())) == 6
 
 
-@pytest.mark.parametrize("policy", ["dapo", "speed", "greso"])
+@pytest.mark.parametrize("name", ["dapo", "speed", "greso"])
 @pytest.mark.parametrize("seed", range(3))
-def test_the_batch_is_full_whenever_the_candidates_allow(policy, seed):
-    method = build(policy, "selection.fill.factor=1.0", f"trainer.seed={seed}",
+def test_the_batch_is_full_whenever_the_candidates_allow(name, seed):
+    method = build(name, "selection.fill.factor=1.0", f"trainer.seed={seed}",
                    "selection.greso.initial=0.95")
     for step in range(4):
         plan, _, selection = run_step(method, step)
         metrics = method.step_metrics()
         assert len(plan.counts) == 6 and len(set(plan.prompt_ids.tolist())) == 6
-        if policy != "greso":  # GRESO's last top-up may fall short, as the official one
+        if name != "greso":  # GRESO's last top-up may fall short, as the official one
             assert metrics["fill/short_rows"] == 0 and selection.keep_mask.all()
         assert metrics["fill/rounds"] <= method.chooser.rule.max_rounds
 

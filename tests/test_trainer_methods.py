@@ -219,10 +219,10 @@ def test_speed_with_top_energy_trains_only_the_top_k_of_its_screened_batch():
     assert (selection.energy[selection.keep_mask] > 0).all()
 
 
-@pytest.mark.parametrize("policy", ["grpo", "dapo", "lze"])
-def test_keep_top_energy_only_with_a_forward_method(policy):
+@pytest.mark.parametrize("method", ["grpo", "dapo", "lze"])
+def test_keep_top_energy_only_with_a_forward_method(method):
     with pytest.raises(ValueError, match="selection.keep_top_energy"):
-        C.load("tiny", [f"selection.method={policy}", "selection.keep_top_energy=true"])
+        C.load("tiny", [f"selection.method={method}", "selection.keep_top_energy=true"])
 
 
 def test_speed_prefilter_only_with_speed():

@@ -22,8 +22,8 @@ IDS = torch.arange(7)
 class _Method:
     """A selection method of the trainer on hand-made rewards (no engines)."""
 
-    def __init__(self, policy, *overrides):
-        cfg = C.load("tiny", [f"selection.method={policy}", "selection.noise_scale=0", *overrides])
+    def __init__(self, name, *overrides):
+        cfg = C.load("tiny", [f"selection.method={name}", "selection.noise_scale=0", *overrides])
         self.selector = GroupSelector(cfg, num_prompts=10, device=torch.device("cpu"))
         self.method = methods.build(methods.MethodContext(
             cfg=cfg, num_prompts=10, device=torch.device("cpu"), selector=self.selector,
@@ -42,8 +42,8 @@ class _Method:
         return self.selector.choose_prompts(candidates, batch_size)
 
 
-def selector(policy, *overrides):
-    return _Method(policy, *overrides)
+def selector(name, *overrides):
+    return _Method(name, *overrides)
 
 
 def test_grpo_keeps_every_group_with_rollouts():
@@ -74,9 +74,9 @@ def test_warmup_steps_keep_everything_then_select():
     assert sel.select(REWARDS, IDS + 0, VALID, step=1).keep_mask.sum() == 2
 
 
-def test_advantages_are_grpo_whatever_the_policy():
-    for policy in ("grpo", "dapo", "lze"):
-        out = selector(policy).select(REWARDS, IDS, VALID, step=0)
+def test_advantages_are_grpo_whatever_the_method():
+    for name in ("grpo", "dapo", "lze"):
+        out = selector(name).select(REWARDS, IDS, VALID, step=0)
         torch.testing.assert_close(out.advantages, ops.grpo_advantages(REWARDS, VALID))
 
 

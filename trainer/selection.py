@@ -3,7 +3,7 @@
 Every rank runs the same :class:`lze_kernels.LZESelector` on the same all-gathered rewards, so all
 ranks hold identical selector state without any broadcast. The selector always runs, whatever
 ``selection.method`` is: it gives the GRPO advantages (docs/spec.md §2) and keeps each prompt's history
-(anchor, EMA, solved streak) current, so switching policy, warm-up steps and the forward pruner
+(anchor, EMA, solved streak) current, so switching method, warm-up steps and the forward pruner
 all see the same state. Which groups reach the update is the method's choice.
 """
 

@@ -80,7 +80,7 @@ def _dapo(ctx: MethodContext) -> Method:
                   rank_state=chooser)
 
 
-# Each module registers its policy on import (after ``register`` exists).
+# Each module registers its method on import (after ``register`` exists).
 from . import dots, greso, lze_schedule, speed  # noqa: E402,F401
 from .hive import HistoryThenEntropy  # noqa: E402
 from .replay import with_replay  # noqa: E402

@@ -85,16 +85,16 @@ class FillRule:
         return size, self.last_when_it_fits and estimate <= full
 
 
-def fill_rule(cfg, policy: str) -> FillRule:
-    """The rule of ``policy`` from the ``selection.fill`` settings (None: the official value)."""
+def fill_rule(cfg, method: str) -> FillRule:
+    """The rule of ``method`` from the ``selection.fill`` settings (None: the official value)."""
     s = cfg.selection
-    factor = s.fill.factor if s.fill.factor is not None else OFFICIAL_FACTOR[policy]
-    rounds = s.fill.max_rounds if s.fill.max_rounds is not None else OFFICIAL_MAX_ROUNDS[policy]
-    if policy == "speed":
+    factor = s.fill.factor if s.fill.factor is not None else OFFICIAL_FACTOR[method]
+    rounds = s.fill.max_rounds if s.fill.max_rounds is not None else OFFICIAL_MAX_ROUNDS[method]
+    if method == "speed":
         return FillRule(factor, rounds, screen=s.speed.screen_rollouts, carry=True)
-    if policy == "greso":
+    if method == "greso":
         return FillRule(factor, rounds, adaptive=True, last_when_it_fits=True)
-    if policy == "lze":
+    if method == "lze":
         return FillRule(factor, rounds, accept_share=s.keep_ratio, adaptive=True)
     return FillRule(factor, rounds)
 

@@ -1,9 +1,9 @@
 """``replay.ratio=sigma``: Rollout Replay (Sun et al. 2025, "Improving Data Efficiency for LLM
 Reinforcement Fine-tuning Through Difficulty-targeted Online Data Selection and Rollout Replay",
-docs/spec.md §9), a switch over any selection policy.
+docs/spec.md §9), a switch over any selection method.
 
 Once the buffer holds enough groups, a step rolls out only ``fresh = sigma x B`` prompts (rounded
-to a multiple of the rollout engines, at least one each) and trains on the policy's kept fresh
+to a multiple of the rollout engines, at least one each) and trains on the method's kept fresh
 groups plus up to ``B - fresh`` groups drawn **uniformly at random without replacement** from the
 buffer (the official ``replay_strategy=random``: ``torch.randperm`` over the buffer's groups,
 ASTRAL-Group/data-efficient-llm-rl at 59df918, ``rl_training/verl/verl/trainer/ppo/
@@ -141,7 +141,7 @@ class RolloutReplay:
         return self.inner.collect(plan)
 
     def select(self, batch: StepBatch, step: int) -> Selection:
-        """The policy selects among the fresh rows (and updates its state from them only); then
+        """The method selects among the fresh rows (and updates its state from them only); then
         the replayed groups are appended to ``batch`` as rows ``fresh..``, all kept."""
         fresh = self.inner.select(batch, step)
         self._fresh = (replace(batch), fresh)
@@ -189,7 +189,7 @@ class RolloutReplay:
         batch.replayed = len(chosen)
 
     def observe(self, batch: StepBatch, selection: Selection) -> None:
-        """The policy observes the fresh rows; their groups with mixed rewards enter the buffer
+        """The method observes the fresh rows; their groups with mixed rewards enter the buffer
         in row order (the last row is the newest)."""
         fresh_batch, fresh_selection = self._fresh
         self.inner.observe(fresh_batch, fresh_selection)
