@@ -139,6 +139,9 @@ def test_goal_needs_every_ratio_on_both_metrics_and_a_lead_of_two_paired_se(stud
     table = list(_table(study).values())
     verdict = goal_verdict(table, "lze")
     assert "**not met** by `lze`" in verdict and "0.78x the FLOPs (goal 0.5x)" in verdict
+    # The costs the goal does not cap are stated beside it.
+    assert verdict.endswith("Its generated tokens to 90 % of the gain: 1.56x (greedy pass@1), "
+                            "1.56x (sampled accuracy) (outside this regime's goal).")
     fast = [{**t, "method": "fast", "gain": {"flops": 0.4, "wall_s": 0.5, "rollout_tokens": 0.7}}
             for t in table if t["method"] == "lze"]
     assert "**met** by `fast`" in goal_verdict(table + fast, "fast")
