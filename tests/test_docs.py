@@ -114,3 +114,33 @@ def test_every_relative_link_resolves():
                                      and anchor not in heading_anchors(file)):
                 broken.append(f"{page.relative_to(ROOT)}: {target}")
     assert broken == []
+
+
+def _table_rows(text: str) -> dict[tuple[str, ...], list[str]]:
+    """Markdown table rows as {label cells: number cells}, split at the first numeric cell."""
+    rows = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if not line.startswith("|") or not cells or set("".join(cells)) <= set("-: "):
+            continue
+        first_number = next((i for i, c in enumerate(cells) if re.fullmatch(r"[\d.]+", c)), None)
+        if first_number:
+            rows[tuple(cells[:first_number])] = cells[first_number:]
+    return rows
+
+
+def test_readme_verl_stage_table_quotes_the_fit_test():
+    """The README's rows-per-stage table is the one tests/test_verl_fit.py writes."""
+    measured = _table_rows((ROOT / "benchmarks/results/verl_stages.md").read_text())
+    quoted = _table_rows(ROOT.joinpath("README.md").read_text().split("| verl trainer, method")[1]
+                         .split("\n\n")[0])
+    expected = {
+        ("legacy or v1, plain GRPO",): [("legacy", "GRPO"), ("v1", "GRPO")],
+        ("legacy, LZE",): [("legacy", "LZE")],
+        ("v1, LZE `mode=topk`",): [("v1", "LZE top-k")],
+        ("v1, LZE `mode=refill`",): [("v1", "LZE refill")],
+    }
+    assert set(quoted) == set(expected)
+    for label, sources in expected.items():
+        for source in sources:
+            assert quoted[label] == measured[source], (label, source)
