@@ -41,9 +41,10 @@ def setting(default: Any = MISSING, help: str = "", *, factory: Any = MISSING):
 class ModelConfig:
     """The policy: where its weights come from and how they are loaded."""
 
-    path: str = setting("tiny:qwen2", "Hugging Face hub id, local checkpoint folder, or "
+    path: str = setting("tiny:qwen2", "Hugging Face hub id, local checkpoint folder, "
                         "tiny:qwen2?... (a tiny random Qwen2 built offline, "
-                        "lze_trainer.tiny_model)")
+                        "lze_trainer.tiny_model), or warm:<name> (a warmed tiny model shipped "
+                        "with the trainer, its SHA-256 sums checked: lze_trainer.warm_starts)")
     dtype: Literal["auto", "float32", "bfloat16"] = setting(
         "auto", "actor and engine weights; auto = bfloat16 on GPU, float32 on CPU")
     trust_remote_code: bool = setting(False, "passed to transformers and vLLM")
