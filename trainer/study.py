@@ -222,7 +222,8 @@ def launch(folder: Path, preset: str, method: str, seed: int, extra: list[str],
     if result.returncode != 0:
         raise SystemExit(f"study: {method} seed {seed} failed (exit {result.returncode}); "
                          f"see {folder}.log")
-    seconds = time.time() - start
+    # The run ended when its console did: the driver may have been paused (SIGSTOP) after it.
+    seconds = os.stat(f"{folder}.log").st_mtime - start
     (folder / LOAD_FILE).write_text(json.dumps(
         {"mean": sum(loads) / len(loads) if loads else os.getloadavg()[0],
          "max": max(loads, default=os.getloadavg()[0])}) + "\n")
