@@ -469,3 +469,15 @@ def test_a_best_rate_at_the_grids_edge_adds_the_next_rate_beyond_it(tmp_path, mo
         "grpo-lr0.5", "grpo", "grpo-lr2", "grpo-lr0.25"]
     assert _rate_grid(regime, "lze", [10], "grpo-lr0.25", 2, run=False) == [
         "lze-lr0.5", "lze", "lze-lr2"]
+
+
+def test_a_wall_time_ratio_from_runs_at_another_load_is_marked(study, tmp_path):
+    from lze_trainer.study_report import load_mismatch
+
+    assert load_mismatch(study, "grpo") == set()  # every run met a load of 1.5
+    for folder in study["lze"]:  # LZE's runs met twice GRPO's load
+        (folder / LOAD_FILE).write_text(json.dumps({"mean": 3.0, "max": 4.0}) + "\n")
+    assert load_mismatch(study, "grpo") == {"lze"}
+    text = write_report(study, "grpo", tmp_path / "report").read_text()
+    assert "| lze | 0.78x (0.78x, 0.78x) | 0.78x † | 1.56x" in text
+    assert "† Its runs met a machine load" in text

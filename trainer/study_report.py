@@ -44,6 +44,10 @@ ZERO_VARIANCE_PLOT = "study_zero_variance.png"
 WALL_FILE = "wall_seconds.txt"  # a finished run's whole wall time, start-up included
 LOAD_FILE = "load.json"  # the machine's 1-minute load average while the run ran (mean, max)
 STEADY_SPREAD = 1.15  # plain GRPO's median step times over seeds may differ by 15 % at most
+# A method's runs met a load this many times plain GRPO's (or its inverse): its wall-time ratio
+# compares two speeds of the machine, and the tables mark it.
+LOAD_SPREAD = 1.5
+LOAD_MARK = "†"
 BUDGET_FRACTIONS = (0.25, 0.5, 1.0)  # accuracy compared at these shares of the FLOPs budget
 GAIN_SHARE = 0.9  # the main target: this share of plain GRPO's gain over the budget
 # Costs to a target. Generated tokens: of every purpose (training rollouts, screening, reference
@@ -401,8 +405,9 @@ def write_report(runs: dict[str, list[Path]], baseline: str, out: Path, quick: b
     rates = rates or {}
     pick = (search or {}).get("best") or best
     goal = goal_verdict(table, pick["method"], goal_costs, regime) if pick else None
+    other_load = load_mismatch(runs, baseline)
     lines = _header(quick, preset, regime, out) + _summary(table, baseline, top, rates, goal,
-                                                      goal_costs)
+                                                           goal_costs, other_load)
     lines += _setup_lines(rows, runs, baseline, rates)
     if search is not None and search.get("best"):
         lines += _best_line(search["best"], Path(os.path.relpath(search["report"], out)),
@@ -411,11 +416,41 @@ def write_report(runs: dict[str, list[Path]], baseline: str, out: Path, quick: b
         lines += _tuning_lines(runs, tuned or {}, tuned_names, rates)
     if best is not None:
         lines += _picked_line(best, rates)
-    lines += _tables(table, rates) + ["## What the numbers say", ""]
+    lines += _tables(table, rates, other_load) + ["## What the numbers say", ""]
     lines += _verdicts(table, baseline) + [""]
     lines += _signal_lines(rows, baseline) + _runs_lines(runs) + _closing_lines()
     (out / MARKDOWN_FILE).write_text("\n".join(lines))
     return out / MARKDOWN_FILE
+
+
+def run_load(folder: Path) -> Optional[float]:
+    """The machine's mean 1-minute load average while the run ran (None: not recorded)."""
+    path = folder / LOAD_FILE
+    return json.loads(path.read_text())["mean"] if path.exists() else None
+
+
+def load_mismatch(runs: dict[str, list[Path]], baseline: str) -> set[str]:
+    """Methods whose runs met a mean load more than LOAD_SPREAD times plain GRPO's on the same
+    seeds, or less than its inverse: their wall-time ratios compare two speeds of the machine."""
+    def mean_load(folders: list[Path]) -> Optional[float]:
+        loads = [run_load(f) for f in folders]
+        return statistics.mean(loads) if loads and None not in loads else None
+
+    base = mean_load(runs.get(baseline, []))
+    if not base:
+        return set()
+    mismatched = set()
+    for method, folders in runs.items():
+        load = mean_load(folders)
+        if load and not 1 / LOAD_SPREAD <= load / base <= LOAD_SPREAD:
+            mismatched.add(method)
+    return mismatched
+
+
+def _load_note(marked: set[str]) -> list[str]:
+    return ([f"{LOAD_MARK} Its runs met a machine load (1-minute load average, in the runs table) "
+             f"more than {LOAD_SPREAD}x or less than 1/{LOAD_SPREAD} of plain GRPO's: the "
+             "wall-time ratio compares two speeds of the machine.", ""] if marked else [])
 
 
 def read_best(search: Path) -> Optional[dict]:
@@ -482,7 +517,7 @@ def _rate(rates: dict[str, float], method: str) -> str:
 
 
 def _summary(table: list[dict], baseline: str, top: list[str], rates: dict[str, float],
-             goal: Optional[str], costs) -> list[str]:
+             goal: Optional[str], costs, other_load: set[str]) -> list[str]:
     """The goal's verdict and the key rows: plain GRPO and the best methods, at the full budget
     and to 90 % of its gain (greedy / sampled in each cell)."""
     by = {(t["method"], t["metric"]): t for t in table}
@@ -501,15 +536,19 @@ def _summary(table: list[dict], baseline: str, top: list[str], rates: dict[str, 
         cells = [method, _rate(rates, method)]
         cells += ["ran short" if e is None else
                   f"{e['mean']:.3f} ({_signed(e['diff'])} ± {_se(e['diff_se'])})" for e in ends]
-        cells += [" / ".join(_ratio(t["gain"][k], t) for t in rows) for k in COSTS]
+        cells += [" / ".join(_ratio(t["gain"][k], t) for t in rows)
+                  + (f" {LOAD_MARK}" if k == "wall_s" and method in other_load else "")
+                  for k in COSTS]
         lines.append("| " + " | ".join(cells) + " |")
     ranked = ", ".join(COST_NAMES[k] for k in costs)
+    marked = other_load & {baseline, *top}
     return lines + ["", f"Tuned plain GRPO and the {len(top)} best methods, ranked by the worst of "
                     f"their ratios ({ranked}) to 90 % of GRPO's gain on both metrics; ratios as "
-                    "greedy / sampled, on the mean curves over seeds (per seed below).", ""]
+                    "greedy / sampled, on the mean curves over seeds (per seed below).",
+                    ""] + _load_note(marked)
 
 
-def _tables(table: list[dict], rates: dict[str, float]) -> list[str]:
+def _tables(table: list[dict], rates: dict[str, float], other_load: set[str]) -> list[str]:
     lines = []
     for metric in METRICS:
         rows = [t for t in table if t["metric"] == metric]
@@ -543,9 +582,11 @@ def _tables(table: list[dict], rates: dict[str, float]) -> list[str]:
             for target in ("gain", "final"):
                 cells += [_ratio(t[target][k], t)
                           + (_per_seed(t[f"{target}_paired"][k]) if k in PER_SEED_COSTS else "")
+                          + (f" {LOAD_MARK}" if k == "wall_s" and t["method"] in other_load
+                             else "")
                           for k in COSTS]
             lines.append(f"| {t['method']} | " + " | ".join(cells) + " |")
-        lines.append("")
+        lines += [""] + _load_note(other_load & {t["method"] for t in rows})
     return lines
 
 
