@@ -194,8 +194,9 @@ def test_the_summary_holds_the_verdict_and_grpo_with_the_best_methods(study, tmp
     lines = [line for line in summary.splitlines() if line.startswith("| ")]
     # GRPO first, then the best three by their worst ratio: lze, level (1.0x), slow (never).
     assert [line.split(" | ")[0] for line in lines[1:]] == ["| grpo", "| lze", "| level", "| slow"]
-    assert lines[1].startswith("| grpo | 0.00015 | 0.500 (+0.000 ± 0.000) | 0.250 (+0.000 ± 0.000) "
-                               "| 1.00x / 1.00x | 1.00x / 1.00x | 1.00x / 1.00x |")
+    assert lines[1].startswith("| grpo | 0.00015 | 0.500 (+0.000 ± 0.000) "
+                               "| 0.250 (+0.000 ± 0.000) | 1.00x / 1.00x | 1.00x / 1.00x "
+                               "| 1.00x / 1.00x |")
 
 
 def test_the_search_tunes_each_baseline_by_how_high_it_ends(tmp_path, monkeypatch):
@@ -481,3 +482,38 @@ def test_a_wall_time_ratio_from_runs_at_another_load_is_marked(study, tmp_path):
     text = write_report(study, "grpo", tmp_path / "report").read_text()
     assert "| lze | 0.78x (0.78x, 0.78x) | 0.78x † | 1.56x" in text
     assert "† Its runs met a machine load" in text
+
+
+@pytest.mark.parametrize("repeats", [True, False])
+def test_a_run_timed_again_replaces_it_only_when_it_repeats_its_outcome(study, repeats,
+                                                                       monkeypatch):
+    import shutil
+
+    from lze_trainer import study as driver
+
+    folder = study["grpo"][0]
+    (folder / "config.yaml").write_text("trainer: {}\n")
+    (folder.parent / f"{folder.name}.log").write_text("first\n")
+
+    def fake_launch(twin, args, nproc):  # the same run again, twice as fast
+        assert args == ["--config", str(folder / "config.yaml")]
+        shutil.copytree(folder, twin)
+        rows = [json.loads(x) for x in (twin / "metrics.jsonl").read_text().splitlines()]
+        for r in rows:
+            r["timing_s/step"] = r.get("timing_s/step", 0.0) / 2
+            if not repeats and "eval/heldout/pass@1" in r:
+                r["eval/heldout/pass@1"] += 0.01
+        (twin / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (twin.parent / f"{twin.name}.log").write_text("again\n")
+        return 30.0
+
+    monkeypatch.setattr(driver, "_launch", fake_launch)
+    if repeats:
+        driver.retime(folder, 2)
+        assert run_rows("grpo", 0, folder)[-1]["wall_s"] == 2.0
+        assert (folder.parent / f"{folder.name}.log").read_text() == "again\n"
+        assert not (folder.parent / f"{folder.name}-retime").exists()
+    else:
+        with pytest.raises(SystemExit, match="not deterministic here"):
+            driver.retime(folder, 2)
+        assert run_rows("grpo", 0, folder)[-1]["wall_s"] == 4.0

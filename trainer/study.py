@@ -47,6 +47,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -199,13 +200,17 @@ def budget_of(baseline: Path) -> list[str]:
 
 def launch(folder: Path, preset: str, method: str, seed: int, extra: list[str],
            nproc: int) -> float:
-    """One training run under torchrun; returns its wall seconds. Its console goes to
-    ``<folder>.log``; the machine's 1-minute load average, sampled while it runs, to
-    ``LOAD_FILE`` (the wall-time ratios assume runs met the same load)."""
+    """One training run of ``method`` on ``preset`` under torchrun; returns its wall seconds."""
+    return _launch(folder, ["--config", preset, f"trainer.seed={seed}",
+                            *overrides(method, preset), *extra], nproc)
+
+
+def _launch(folder: Path, args: list[str], nproc: int) -> float:
+    """The trainer under torchrun with ``args`` into ``folder``; returns its wall seconds. Its
+    console goes to ``<folder>.log``; the machine's 1-minute load average, sampled while it runs,
+    to ``LOAD_FILE`` (the wall-time ratios assume runs met the same load)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc_per_node={nproc}", "-m", "lze_trainer", "--config", preset,
-           f"trainer.run_dir={folder}", f"trainer.seed={seed}", *overrides(method, preset),
-           *extra]
+           f"--nproc_per_node={nproc}", "-m", "lze_trainer", *args, f"trainer.run_dir={folder}"]
     folder.parent.mkdir(parents=True, exist_ok=True)
     start, loads, done = time.time(), [], threading.Event()
 
@@ -220,8 +225,8 @@ def launch(folder: Path, preset: str, method: str, seed: int, extra: list[str],
     done.set()
     sampler.join()
     if result.returncode != 0:
-        raise SystemExit(f"study: {method} seed {seed} failed (exit {result.returncode}); "
-                         f"see {folder}.log")
+        raise SystemExit(f"study: {folder.name} failed (exit {result.returncode}); see "
+                         f"{folder}.log")
     # The run ended when its console did: the driver may have been paused (SIGSTOP) after it.
     seconds = os.stat(f"{folder}.log").st_mtime - start
     (folder / LOAD_FILE).write_text(json.dumps(
@@ -229,6 +234,30 @@ def launch(folder: Path, preset: str, method: str, seed: int, extra: list[str],
          "max": max(loads, default=os.getloadavg()[0])}) + "\n")
     (folder / WALL_FILE).write_text(f"{seconds:.1f}\n")
     return seconds
+
+
+def retime(folder: Path, nproc: int) -> None:
+    """Run a finished run again from its saved config, for its wall time at the machine's load
+    now: on one machine the runs are deterministic, so the twin must log the same FLOPs and
+    held-out accuracies; then it replaces the run (else both are kept and the study stops)."""
+    twin = folder.with_name(folder.name + "-retime")
+    shutil.rmtree(twin, ignore_errors=True)
+    seconds = _launch(twin, ["--config", str(folder / "config.yaml")], nproc)
+    if _outcome(twin) != _outcome(folder):
+        raise SystemExit(f"study: {twin} did not repeat {folder} (its FLOPs or held-out "
+                         "accuracies differ): runs are not deterministic here, so a run cannot "
+                         "be timed again; both are kept")
+    shutil.rmtree(folder)
+    twin.rename(folder)
+    Path(f"{twin}.log").replace(f"{folder}.log")
+    print(f"study: {folder} timed again: {seconds / 60:.1f} min", flush=True)
+
+
+def _outcome(folder: Path) -> list[tuple]:
+    """What a run computed, without its timing: per step its FLOPs and held-out accuracies."""
+    return [(r["step"], r.get("total/flops"),
+             *sorted((k, v) for k, v in r.items() if k.startswith("eval/")))
+            for r in read_metrics(folder)]
 
 
 def run_all(runs: Path, preset: str, methods: list[str], seeds: list[int], baseline: str,
@@ -353,11 +382,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", nargs="+", type=int, default=None)
     parser.add_argument("--nproc", type=int, default=2, help="ranks per run")
     parser.add_argument("--report-only", action="store_true", help="write the reports only")
+    parser.add_argument("--retime", nargs="+", default=[], metavar="METHOD",
+                        help="first run these methods' finished runs (of --seeds; with --search, "
+                        "the search's) again for their wall time at the machine's load now")
     args = parser.parse_args(argv)
 
     regimes = list(REGIMES.values()) if args.regime == "both" else [REGIMES[args.regime]]
     reports = {}
     for regime in regimes:
+        seeds = args.seeds or (SEARCH_SEEDS if args.search else [0, 1, 2])
+        for method in args.retime:
+            for seed in seeds:
+                retime(run_dir(regime.search_runs if args.search else regime.runs, method, seed),
+                       args.nproc)
         if args.search:
             report = search(regime, args.seeds or SEARCH_SEEDS, args.nproc, not args.report_only)
         else:

@@ -524,9 +524,9 @@ def _summary(table: list[dict], baseline: str, top: list[str], rates: dict[str, 
     if not any(m == baseline for m, _ in by):
         return []
     lines = [SUMMARY_HEADING, ""] + ([goal, ""] if goal else [])
-    lines += ["| method | learning rate | greedy at the full budget (vs GRPO) | sampled at the full "
-              "budget (vs GRPO) | " + " | ".join(f"{COST_NAMES[k]} to 90 % of the gain"
-                                                 for k in COSTS) + " |",
+    costs_head = " | ".join(f"{COST_NAMES[k]} to 90 % of the gain" for k in COSTS)
+    lines += ["| method | learning rate | greedy at the full budget (vs GRPO) | sampled at the "
+              f"full budget (vs GRPO) | {costs_head} |",
               "|---|" + "---:|" * (3 + len(COSTS))]
     for method in [baseline, *top]:
         rows = [by.get((method, metric)) for metric in METRICS]
