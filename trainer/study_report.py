@@ -544,7 +544,8 @@ def _summary(table: list[dict], baseline: str, top: list[str], rates: dict[str, 
     marked = other_load & {baseline, *top}
     return lines + ["", f"Tuned plain GRPO and the {len(top)} best methods, ranked by the worst of "
                     f"their ratios ({ranked}) to 90 % of GRPO's gain on both metrics; ratios as "
-                    "greedy / sampled, on the mean curves over seeds (per seed below).",
+                    "greedy / sampled, on the mean curves over seeds (per seed in the report's "
+                    "tables).",
                     ""] + _load_note(marked)
 
 
