@@ -2,6 +2,10 @@
 normalisation, zero-weight padding), dropped groups change nothing, non-finite losses are skipped."""
 
 import json
+import os
+import socket
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -48,3 +52,27 @@ def test_nonfinite_loss_skips_the_update(model_dir, tmp_path):
     assert set(results) == {"0", "2", "3"}
     for stage, r in results.items():
         assert r == {"skipped": 1, "unchanged": True, "finite_skipped": 0, "trained_after": True}, stage
+
+
+def test_deepspeed_starts_beside_a_stale_extension_lock(tmp_path):
+    """An interrupted JIT build of DeepSpeed's shared-memory op leaves torch's lock file behind;
+    the trainer's DeepSpeed never builds that op, so a start still finishes (it waited forever)."""
+    extensions = tmp_path / "torch_extensions"  # TORCH_EXTENSIONS_DIR/<op name>/lock
+    (extensions / "deepspeed_shm_comm").mkdir(parents=True)
+    (extensions / "deepspeed_shm_comm" / "lock").touch()
+    code = ("import os\n"
+            "os.environ.update(RANK='0', LOCAL_RANK='0', WORLD_SIZE='1', MASTER_ADDR='127.0.0.1',"
+            " MASTER_PORT=os.environ['PORT'])\n"
+            "from lze_trainer import distributed\n"
+            "distributed.import_deepspeed().init_distributed(dist_backend='gloo')\n"
+            "print('started')\n")
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(extensions), "PORT": str(_free_port())}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                            text=True, timeout=180)
+    assert result.returncode == 0 and "started" in result.stdout, result.stderr[-3000:]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

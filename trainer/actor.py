@@ -65,7 +65,6 @@ class Schedule:
 
 class Actor:
     def __init__(self, cfg, world: D.World, model_dir: str, schedule: Schedule):
-        import deepspeed
         from transformers import AutoModelForCausalLM
 
         self.cfg = cfg
@@ -84,7 +83,7 @@ class Actor:
         model.config.use_cache = False
         self.reference = self._frozen_copy(model) if cfg.actor.kl_coef > 0 else None
         self.schedule = schedule
-        self.engine, *_ = deepspeed.initialize(
+        self.engine, *_ = D.import_deepspeed().initialize(
             model=model, optimizer=self._client_optimizer(), config=self._deepspeed_config(),
             model_parameters=[p for p in model.parameters() if p.requires_grad],
             lr_scheduler=lambda opt: _scheduler(schedule, opt),

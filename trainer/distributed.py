@@ -45,11 +45,29 @@ def init(device_choice: str = "auto", threads_per_rank: int = 0) -> World:
     else:
         device = torch.device("cpu")
     if not dist.is_initialized():
-        import deepspeed  # its init also sets up DeepSpeed's communication backend
-
-        deepspeed.init_distributed(dist_backend="nccl" if use_cuda else "gloo")
+        # DeepSpeed's init also sets up its communication backend.
+        import_deepspeed().init_distributed(dist_backend="nccl" if use_cuda else "gloo")
     return World(rank=dist.get_rank(), local_rank=local_rank, size=dist.get_world_size(),
                  local_size=local_size, device=device)
+
+
+def import_deepspeed() -> Any:
+    """``deepspeed``, with its shared-memory all-reduce op (``deepspeed_shm_comm``) marked
+    unavailable, before anything starts DeepSpeed's communication backend.
+
+    DeepSpeed 0.19's torch backend JIT-compiles that op whenever it starts on the CPU, although
+    only ``inference_all_reduce`` calls it: training collectives go through the process group
+    either way. The compile costs a first start ~40 s on two cores, and one interrupted mid-way
+    (Ctrl-C, a killed process) leaves torch's lock file in ~/.cache/torch_extensions, on which
+    every later start then waits forever, without a message. ``deepspeed.ops.__compatible_ops__``
+    is DeepSpeed's own table of buildable ops (kept once per process so that edits persist), and
+    the backend builds nothing for an op marked False there.
+    """
+    import deepspeed
+    from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
+
+    deepspeed.ops.__compatible_ops__[ShareMemCommBuilder.NAME] = False
+    return deepspeed
 
 
 def _set_threads(n: int) -> None:
