@@ -135,7 +135,16 @@ def all_gather_rows(output: torch.Tensor, local: torch.Tensor) -> None:
     gather(output, local.contiguous())
 
 
-def shutdown() -> None:
-    """Leave the process group (a colocated vLLM engine may already have torn it down)."""
+def shutdown(wait_for_peers: bool = True) -> None:
+    """Leave the process group (a colocated vLLM engine may already have torn it down).
+
+    ``wait_for_peers`` (every rank ends normally): a barrier first, so that every collective has
+    completed on every rank before any rank tears its connections down and its interpreter
+    exits; gloo's worker threads may otherwise still be releasing the last collective's tensors
+    during interpreter shutdown, which aborts the process ("terminate called without an active
+    exception", seen once in a 2-rank run on a loaded machine). False on an error path, where a
+    peer may never arrive."""
     if dist.is_initialized():
+        if wait_for_peers:
+            dist.barrier()
         dist.destroy_process_group()

@@ -94,7 +94,7 @@ def main(argv=None) -> int:
             trainer = GRPOTrainer(cfg, world)  # data-dependent checks raise on every rank
     except (ConfigError, CheckpointError) as e:
         print(f"lze_trainer: {e}", file=sys.stderr)
-        distributed.shutdown()
+        distributed.shutdown(wait_for_peers=False)
         return 2
     trainer.fit()
     distributed.shutdown()
