@@ -3,6 +3,7 @@ and the worker pool's fault handling (errors, dead workers, hangs)."""
 
 import logging
 import multiprocessing
+import os
 import textwrap
 import time
 
@@ -303,3 +304,15 @@ def test_partial_credit_is_not_correctness():
     assert as_correctness([1.0, 0.5, 0.01, 0.0], 1.0) == [1.0, 0.0, 0.0, 0.0]
     assert as_correctness([0.6, 0.4], 0.5) == [1.0, 0.0]
     assert as_correctness([0.25, 1.0], None) == [0.25, 1.0]
+
+
+def test_workers_leave_the_trainers_process_group():
+    """torchrun preempts a rank with SIGTERM to the rank's whole process group, and the rank
+    still scores the step in flight: a ready worker leads a process group of its own."""
+    with RewardScorer(num_workers=2) as scorer:
+        deadline = time.monotonic() + 60
+        while not all(w.ready for w in scorer._workers) and time.monotonic() < deadline:
+            scorer.score(["\\boxed{1}"], rows_for(["1"]))
+        pids = [w.process.pid for w in scorer._workers]
+        assert all(w.ready for w in scorer._workers)
+        assert [os.getpgid(pid) for pid in pids] == pids != [os.getpgid(0)] * 2

@@ -38,6 +38,7 @@ import importlib.util
 import logging
 import math
 import multiprocessing
+import os
 import re
 import signal
 import sys
@@ -190,7 +191,12 @@ def _score_item(score_fn: ScoreFn, item: tuple[str, str, str, str]) -> tuple[str
 
 def _serve(conn: Connection, function: str | None, sys_path: list[str]) -> None:
     """Worker process: score items from ``conn`` until it closes or sends None."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
+    # A preemption is the trainer's to handle: torchrun sends SIGTERM to each rank's whole
+    # process group, and the rank still scores the step in flight before it checkpoints and
+    # stops. In a group of its own the worker ends when the trainer stops it or exits (its pipe
+    # closes); Ctrl-C is the trainer's too.
+    os.setpgid(0, 0)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.path[:] = sys_path  # the forkserver has the trainer's path of when it started
     logging.getLogger("math_verify").setLevel(logging.ERROR)  # "timeout is disabled" warnings
     for module in _PRELOAD:  # no-ops when the forkserver preloaded them
