@@ -57,8 +57,8 @@ def import_deepspeed() -> Any:
 
     DeepSpeed 0.19's torch backend JIT-compiles that op whenever it starts on the CPU, although
     only ``inference_all_reduce`` calls it: training collectives go through the process group
-    either way. The compile costs a first start ~40 s on two cores, and one interrupted mid-way
-    (Ctrl-C, a killed process) leaves torch's lock file in ~/.cache/torch_extensions, on which
+    either way. The compile adds some 15 s to a first start on two cores, and one interrupted
+    mid-way (Ctrl-C, a killed process) leaves torch's lock file in ~/.cache/torch_extensions, on which
     every later start then waits forever, without a message. ``deepspeed.ops.__compatible_ops__``
     is DeepSpeed's own table of buildable ops (kept once per process so that edits persist), and
     the backend builds nothing for an op marked False there.
