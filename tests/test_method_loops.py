@@ -201,3 +201,31 @@ def test_lze_without_refill_rolls_out_its_b_prompts_once():
 def test_bad_fill_combinations_stop_at_start_naming_the_key(overrides, key):
     with pytest.raises(C.ConfigError, match=key.replace(".", r"\.")):
         C.load("tiny", overrides)
+
+
+# ---------------------------------------------------------------- rows without rollouts
+
+def test_rows_without_rollouts_get_ids_when_every_prompt_was_met_this_step():
+    # Engine 1 of 2 drew after engine 0 took every prompt (the many-pass study's SPEED with
+    # GRESO's prefilter on 1,600 prompts): its rows still get ids, distinct ones first.
+    from types import SimpleNamespace
+
+    from lze_trainer.methods.fill import _idle_prompts
+    ctx = SimpleNamespace(num_prompts=10, generation=SimpleNamespace(shard=1, num_shards=2))
+    everything = set(range(10))
+    assert _idle_prompts(2, [], {0, 2, 4}, [], ctx) == [1, 3]
+    assert _idle_prompts(3, [], everything, [7, 9], ctx) == [7, 9, 1]
+    assert _idle_prompts(4, [], everything, [], ctx) == [1, 3, 5, 7]
+    assert _idle_prompts(7, [], everything, [], ctx) == [1, 3, 5, 7, 9, 1, 3]
+
+
+def test_repeated_ids_of_rows_without_rollouts_leave_the_selection_inert():
+    selector = build("lze").ctx.selector
+    rewards = torch.tensor([[0.0] * 4] * 3 + [[1.0, 0.0, 1.0, 0.0]] * 3)
+    valid = torch.tensor([[False] * 4] * 3 + [[True] * 4] * 3)
+    ids = torch.tensor([5, 5, 5, 0, 1, 2])
+    selection = selector.score(rewards, ids, valid)
+    selector.raise_if_faulted()  # no duplicate-id fault: rows without rollouts are inert
+    assert not selection.keep_mask[:3].any() and selection.keep_mask[3:].any()
+    seen = selector.state_dict()["istate"][:, 0]
+    assert seen[5] == 0 and seen[[0, 1, 2]].tolist() == [1, 1, 1]

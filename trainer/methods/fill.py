@@ -211,7 +211,8 @@ class FillingPrompts(SampledPrompts):
         groups = [replace(g, row=row) for row, g in zip(rows, taken)]
         carried = [g.prompt_id for g in self.ready + self.pending]
         unused = met - {g.prompt_id for g in groups} - set(carried)
-        idle = _idle_prompts(len(rows) - len(groups), sorted(unused), excluded, self.ctx)
+        idle = _idle_prompts(len(rows) - len(groups), sorted(unused), excluded, carried,
+                             self.ctx)
         parcel = ([(g.row, g.prompt_id, len(g.responses)) for g in groups]
                   + [(row, pid, 0) for row, pid in zip(rows[len(groups):], idle)])
         self.rolled, self.carried_ids = [], []
@@ -280,17 +281,19 @@ def _joined(screened: RolloutGroup, more: RolloutGroup) -> RolloutGroup:
                    rewards=screened.rewards + more.rewards)
 
 
-def _idle_prompts(n: int, unused: list[int], excluded: set[int], ctx: MethodContext
-                  ) -> list[int]:
-    """Distinct ids for this engine's rows without rollouts (the selector needs an id per row):
+def _idle_prompts(n: int, unused: list[int], excluded: set[int], carried: list[int],
+                  ctx: MethodContext) -> list[int]:
+    """Ids for this engine's rows without rollouts (the selector needs an id per row; a row
+    without rollouts is inert in it, docs/spec.md §1, so the id only has to be in range):
     candidates met for this engine that hold no row (skipped or dropped: no other engine has
     them), then ids of its own residue class that no engine met or carries this step
-    (``excluded`` is the same on every rank)."""
+    (``excluded`` is the same on every rank), then this engine's carried prompts (in no row this
+    step), all distinct; when a step has met every prompt (a small data set that forward
+    filters thin, an engine that drew after another took the rest), its residue class again."""
     generation = ctx.generation
-    spare = [pid for pid in range(generation.shard, ctx.num_prompts, generation.num_shards)
-             if pid not in excluded]
-    ids = (unused + spare)[:n]
-    if len(ids) < n:
-        raise RuntimeError(f"fill: {n} rows without rollouts but only {len(ids)} prompt ids "
-                           "left to mark them (trainer.batch_size close to data.train's size?)")
-    return ids
+    own = range(generation.shard, ctx.num_prompts, generation.num_shards)
+    distinct = list(dict.fromkeys([*unused, *(pid for pid in own if pid not in excluded),
+                                   *carried]))
+    pool = own or range(ctx.num_prompts)  # fewer prompts than engines: any id
+    repeats = (pool[i % len(pool)] for i in range(max(0, n - len(distinct))))
+    return (distinct + list(repeats))[:n]
