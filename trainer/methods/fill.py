@@ -292,8 +292,7 @@ def _idle_prompts(n: int, unused: list[int], excluded: set[int], carried: list[i
     filters thin, an engine that drew after another took the rest), its residue class again."""
     generation = ctx.generation
     own = range(generation.shard, ctx.num_prompts, generation.num_shards)
-    distinct = list(dict.fromkeys([*unused, *(pid for pid in own if pid not in excluded),
-                                   *carried]))
+    ids = [*unused, *(pid for pid in own if pid not in excluded), *carried]  # disjoint
     pool = own or range(ctx.num_prompts)  # fewer prompts than engines: any id
-    repeats = (pool[i % len(pool)] for i in range(max(0, n - len(distinct))))
-    return (distinct + list(repeats))[:n]
+    ids += [pool[i % len(pool)] for i in range(n - len(ids))]
+    return ids[:n]
