@@ -129,7 +129,10 @@ def count_step_events(events, on_cuda: bool) -> dict:
     host = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU
             and start <= e.time_range.start <= end]
     names = CUDA_SYNC_CALLS if on_cuda else HOST_READ_OPS
-    launches = sum(1 for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
+    # With CPU activity on, the profiler mirrors the record_function range onto the device
+    # timeline (a "gpu_user_annotation" of the same name): an event, not a launch.
+    launches = sum(1 for e in events if e.device_type == torch.autograd.DeviceType.CUDA
+                   and e.name != STEP_RANGE)
     return {"launches": launches, "syncs": sum(1 for e in host if e.name in names)}
 
 

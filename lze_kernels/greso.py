@@ -68,6 +68,8 @@ class GresoFilter:
         self.kind = torch.zeros(num_prompts, dtype=torch.int8, device=self.device)
         # p[EASY - 1], p[HARD - 1]
         self.p = torch.full((2,), self.config.initial, dtype=torch.float32, device=self.device)
+        # Built once: a tensor made from host values in observe() is a copy that syncs on CUDA.
+        self.targets = torch.tensor(self.config.targets, dtype=torch.float32, device=self.device)
 
     @property
     def num_prompts(self) -> int:
@@ -110,8 +112,7 @@ class GresoFilter:
             return
         generated = responded.sum().clamp(min=1).float()
         shares = torch.stack([all_right.sum(), all_wrong.sum()]).float() / generated
-        targets = torch.tensor(self.config.targets, device=self.device)
-        moved = torch.where(shares < targets, self.config.delta, -self.config.delta)
+        moved = torch.where(shares < self.targets, self.config.delta, -self.config.delta)
         any_generated = responded.any()
         self.p.copy_(torch.where(any_generated, (self.p + moved).clamp(P_MIN, P_MAX), self.p))
 

@@ -249,6 +249,29 @@ def test_results_markdown_and_goals(tmp_path):
     assert out.read_text() == text
 
 
+def test_shipped_results_are_generated_from_the_shipped_run():
+    """docs/gpu-results.md is the render of docs/gpu-results.json (the run it reports), and the
+    README's goals table is that report's, copied by tools/gpu_report.py."""
+    run = json.loads((ROOT / "docs" / "gpu-results.json").read_text())
+    markdown = gpu_report.render(run)
+    assert (ROOT / "docs" / "gpu-results.md").read_text() == markdown
+    readme = (ROOT / "README.md").read_text()
+    quoted = readme.split(gpu_report.README_BEGIN, 1)[1].split(gpu_report.README_END, 1)[0]
+    assert quoted.strip() == gpu_report.goals_table(markdown)
+
+
+def test_readme_quote_replaces_what_was_between_the_markers(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{gpu_report.README_BEGIN}\nold\n{gpu_report.README_END}\nrest\n")
+    markdown = "# GPU results\n\n## Goals\n\n| goal |\n|---|\n\n## Kernel benchmark\n\nx\n"
+    assert gpu_report.quote_in_readme(markdown, readme)
+    assert readme.read_text() == (f"intro\n{gpu_report.README_BEGIN}\n| goal |\n|---|\n"
+                                  f"{gpu_report.README_END}\nrest\n")
+    plain = tmp_path / "plain.md"
+    plain.write_text("no markers\n")
+    assert not gpu_report.quote_in_readme(markdown, plain)
+
+
 def test_goals_of_a_run_that_measured_nothing():
     goals = gpu_report.goals({"stages": {"preflight": {"status": "failed"}}})
     assert goals and all(g["met"] is None and g["measured"] == "not measured" for g in goals)
@@ -288,6 +311,21 @@ def test_sync_count_sees_each_host_read():
 
     counts = gpu_bench.profile_step(step, RoundInputs(8, 4, CPU), CPU)
     assert counts == {"launches": 0, "syncs": 2}
+
+
+def test_launch_count_leaves_out_the_step_range_on_the_device_timeline():
+    """With CPU and CUDA activity the profiler mirrors the step's record_function range onto the
+    device timeline; the first GPU run counted it as a third launch of the fused step."""
+    from types import SimpleNamespace as Event
+
+    cpu, cuda = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
+    window = Event(start=0, end=10)
+    events = [Event(name=gpu_bench.STEP_RANGE, device_type=cpu, time_range=window),
+              Event(name=gpu_bench.STEP_RANGE, device_type=cuda, time_range=window),
+              Event(name="lze_step_kernel", device_type=cuda, time_range=window),
+              Event(name="lze_topk_kernel", device_type=cuda, time_range=window),
+              Event(name="cudaLaunchKernel", device_type=cpu, time_range=Event(start=1, end=2))]
+    assert gpu_bench.count_step_events(events, on_cuda=True) == {"launches": 2, "syncs": 0}
 
 
 def test_unknown_variant_is_named():
@@ -531,6 +569,37 @@ def test_dry_run_of_the_whole_script_with_the_device_layout(tmp_path):
     assert not [p for p in tree.rglob("*") if p.name in ("build", "__pycache__", "site")]
     print(f"dry run: {seconds:.0f} s, install {install['seconds']} s (build "
           f"{install['build_seconds']} s)")
+
+
+def test_step_summary_counts_the_steps_that_ran(tmp_path):
+    """Step 0 of metrics.jsonl is the evaluation before training (no step time); the first GPU
+    run counted it and failed the trainer stage with "4 steps" of 3."""
+    metrics = tmp_path / "metrics.jsonl"
+    rows = [{"step": 0, "eval/accuracy": 0.1}] + [
+        {"step": s, "timing_s/step": 0.5 * s, "reward/mean": 0.5} for s in (1, 2, 3)]
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    steps = gpu_check._step_summary(metrics)
+    assert [s["step"] for s in steps] == [1, 2, 3]
+    assert steps[0] == {"step": 1, "timing_s/step": 0.5, "reward/mean": 0.5}
+
+
+def test_peer_stage_compares_step_times_and_logs_to_its_file(tmp_path, monkeypatch):
+    """The peer stage with TRL's half stubbed (it is run on the CPU by the test below): the
+    first step of each trainer is left out, the ratio is lze over TRL, what TRL prints goes to
+    peer.log. The first GPU run died here on a helper that no longer existed."""
+    steps = [{"step": s, "timing_s/step": t} for s, t in ((1, 9.0), (2, 0.4), (3, 0.6))]
+    (tmp_path / "trainer.json").write_text(json.dumps(
+        {"steps": steps, "model": str(tmp_path / "model"), "data": str(tmp_path / "data")}))
+
+    def trl_steps(model, data, out):
+        os.write(1, b"trl is training\n")  # file descriptor 1, as TRL's children write
+        return [2.0, 2.0]
+
+    monkeypatch.setattr(gpu_check, "trl_step_seconds", trl_steps)
+    result = gpu_check.stage_peer(tmp_path, {})
+    assert result["status"] == "passed"
+    assert result["lze_step_s"] == pytest.approx(0.5) and result["ratio"] == pytest.approx(0.25)
+    assert "trl is training" in (tmp_path / "peer.log").read_text()
 
 
 @pytest.mark.slow

@@ -96,6 +96,21 @@ def test_draw_and_update_run_on_fake_tensors():
         f.observe(ids, torch.rand(16, 4).round(), torch.ones(16, 4, dtype=torch.bool))
 
 
+def test_draw_and_update_copy_nothing_from_the_host(monkeypatch):
+    """No tensor is built from host values on the hot path: on CUDA that is a copy that syncs
+    (the first GPU run caught ``observe`` making its targets so, under sync debug mode)."""
+    f = GresoFilter(100)
+    ids, rewards = torch.randperm(100)[:16], torch.rand(16, 4).round()
+    valid = torch.ones(16, 4, dtype=torch.bool)
+
+    def host_copy(*args, **kwargs):
+        raise AssertionError("torch.tensor on the hot path")
+
+    monkeypatch.setattr(torch, "tensor", host_copy)
+    f.rollout_mask(ids, step=3)
+    f.observe(ids, rewards, valid)
+
+
 def test_observe_without_adapting_updates_streaks_but_not_p():
     # The official trainer adapts p only from the second epoch (``if epoch > 0``).
     f = GresoFilter(3, GresoConfig(delta=0.1, initial=0.5))

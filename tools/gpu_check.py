@@ -150,18 +150,21 @@ IMPORTS = ("deepspeed", "omegaconf", "math_verify", "datasets", "trl", "matplotl
            "lze_kernels._lze_cuda", "lze_trainer.trainer")
 STAGES = ("preflight", "install", "kernels", "trainer", "bench", "sanitizer", "memory", "peer")
 NEEDS_CUDA = ("kernels", "trainer", "bench", "sanitizer", "memory", "peer")
-# Cap per stage in seconds, and the estimate on an H100 (16 cores) it was sized from. The sum of
-# estimates is 305 s of the 360 s budget; a stage gets min(cap, what is left).
+# Cap per stage in seconds, and the estimate it was sized from: what each stage took on the
+# first H100 runs (2026-11-27, docs/gpu-results.md), rounded up. The sum of estimates is 300 s
+# of the 360 s budget; a stage gets min(cap, what is left).
 STAGE_CAP_S = {"preflight": 30, "install": 120, "kernels": 90, "trainer": 90, "bench": 90,
-               "sanitizer": 60, "memory": 75, "peer": 75}
-STAGE_ESTIMATE_S = {"preflight": 5,  # nvidia-smi, nvcc --version, one torch import
-                    "install": 50,  # wheels ~5 s, CMake + nvcc -j16 ~30 s (28 s on 2 cores here)
-                    "kernels": 45,  # Triton JIT of step/topk/dots, 65,536 x 64 references
-                    "trainer": 45,  # 152k-vocab model build and save, DS init, 3 short steps
-                    "bench": 50,  # 5 B x 4 variants x 20 rounds, 2 torch.compile, DOTS at 1M
-                    "sanitizer": 30,  # two tools over a short probe of the CUDA kernels
-                    "memory": 40,  # 1.5B random model on the device, DS init, one 32k-token pass
-                    "peer": 40}  # TRL import and init, 4 steps each of 16 x 8 x 64 tokens
+               "sanitizer": 90, "memory": 75, "peer": 75}
+STAGE_ESTIMATE_S = {"preflight": 7,  # nvidia-smi, nvcc --version, one torch import: 6 s
+                    "install": 45,  # wheels, CMake + nvcc -j16 (build 28-38 s): 44-57 s
+                    "kernels": 30,  # Triton JIT of step/topk/dots, 65,536 x 64 references: 27 s
+                    "trainer": 45,  # 152k-vocab model build and save, DS init, 3 steps: 43 s
+                    "bench": 70,  # 5 B x 5 variants, 2 torch.compile, DOTS at 1M: 65-78 s
+                    "sanitizer": 45,  # memcheck ~12 s, racecheck up to B = 1,024: 31 s
+                    "memory": 35,  # 1.5B random model, DS init, two 32k-token passes: 34 s
+                    "peer": 30}  # TRL import and init, 4 steps of 16 x 8 x 64 tokens: 27 s
+# Shares of the sanitizer stage's cap: racecheck's start under instrumentation is the slow part.
+SANITIZER_SHARE = {"memcheck": 0.35, "racecheck": 0.6}
 MIN_STAGE_S = 10  # a stage with less left than this is skipped ("out of time")
 # The files that come back (the device returns at most 8, 16 MiB each); logs keep their tail.
 REPORT_FILES = ("gpu_check.json", "gpu_check.md", "console.log", "install.log", "kernels.xml",
@@ -697,8 +700,8 @@ def _write_partial(work: Path, stage: str, result: dict) -> None:
 
 def stage_sanitizer(work: Path, options: dict) -> dict:
     """compute-sanitizer's memcheck and racecheck over tools/gpu_sanitize.py (the CUDA backend's
-    kernels at every shape class, checked against the torch backend). It works on
-    Firecracker, refuses the device on gVisor."""
+    kernels at every shape class, racecheck up to B = 1,024, checked against the torch
+    backend). It works on Firecracker, refuses the device on gVisor."""
     kernel = platform.release()
     tool = shutil.which("compute-sanitizer")
     if runtime(kernel) == "gvisor":
@@ -708,18 +711,19 @@ def stage_sanitizer(work: Path, options: dict) -> dict:
         return {"status": "failed", "runtime": runtime(kernel),
                 "reason": "compute-sanitizer not on PATH"}
     tools, log_path = {}, work / "sanitizer.log"
-    each = 0.45 * float(os.environ.get("GPU_CHECK_STAGE_S", stage_cap("sanitizer")))
+    stage_s = float(os.environ.get("GPU_CHECK_STAGE_S", stage_cap("sanitizer")))
     with open(log_path, "w") as log:
-        for name in ("memcheck", "racecheck"):
+        for name, shapes in (("memcheck", []), ("racecheck", ["--max-rows", "1024"])):
+            each = SANITIZER_SHARE[name] * stage_s
             cmd = [tool, "--tool", name, "--error-exitcode", "3", sys.executable, "-P",
-                   str(ROOT / "tools" / "gpu_sanitize.py")]
+                   str(ROOT / "tools" / "gpu_sanitize.py"), *shapes]
             try:
                 tools[name] = {"exit": _logged(cmd, log, env=child_env(work), cwd=work,
                                                timeout=each)}
             except subprocess.TimeoutExpired:
                 tools[name] = {"exit": None, "summary": f"timed out after {each:.0f} s"}
     text = log_path.read_text(errors="replace")
-    summaries = iter(re.findall(r"========= ERROR SUMMARY: (.*)", text))
+    summaries = iter(re.findall(r"========= (?:ERROR|RACECHECK) SUMMARY: (.*)", text))
     for name in tools:
         if tools[name]["exit"] is not None:
             tools[name]["summary"] = next(summaries, "no summary").strip()
@@ -849,7 +853,9 @@ def _step_summary(path: Path) -> list[dict]:
     if not path.exists():
         return []
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [{"step": r["step"], **{k: r[k] for k in keys if k in r}} for r in rows if "step" in r]
+    # Rows without a step time (step 0: the evaluation before training) are not steps.
+    return [{"step": r["step"], **{k: r[k] for k in keys if k in r}} for r in rows
+            if "timing_s/step" in r]
 
 
 def _free_port() -> int:
@@ -867,7 +873,9 @@ STAGE_FUNCTIONS["trainer"] = stage_trainer
 def stage_memory(work: Path, options: dict) -> dict:
     """One update-only pass of lze_trainer's Actor (bf16, ZeRO-2, gradient checkpointing, as the
     qwen2.5-math-1.5b preset) on a random model of Qwen2.5-1.5B's shape, one micro-batch of
-    8 x 4096 tokens (3072 of them response), against docs/gpu-memory.md's arithmetic."""
+    8 x 4096 tokens (3072 of them response), twice: the second's peak against
+    docs/gpu-memory.md's arithmetic (the first GPU run measured the first update only, 31.0 GiB
+    against 44.9: no Adam state yet)."""
     import torch
 
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
@@ -875,15 +883,21 @@ def stage_memory(work: Path, options: dict) -> dict:
     model_dir = random_model(work / "qwen1.5b", QWEN_1_5B)
     actor, params = update_only_actor(model_dir)
     batch, norm = synthetic_batch(MEMORY_ROWS, MEMORY_LENGTH, MEMORY_RESPONSE, QWEN_1_5B["vocab_size"])
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    begin = time.monotonic()
-    actor.update([[batch]], [norm])
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() / 2**30
+    peaks, seconds = [], []
+    # Two updates: Adam's m and v (8 B a parameter) are allocated by the first optimizer step,
+    # after the first backward, so only the second update has every term of the arithmetic.
+    for _ in range(2):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        begin = time.monotonic()
+        actor.update([[batch]], [norm])
+        torch.cuda.synchronize()
+        peaks.append(torch.cuda.max_memory_allocated() / 2**30)
+        seconds.append(time.monotonic() - begin)
     predicted = memory_arithmetic(params, MEMORY_ROWS, MEMORY_LENGTH, QWEN_1_5B)
-    return {"status": "passed", "peak_gib": round(peak, 3), "update_seconds":
-            round(time.monotonic() - begin, 2), "parameters": params,
+    return {"status": "passed", "peak_gib": round(peaks[1], 3),
+            "first_update_peak_gib": round(peaks[0], 3), "update_seconds":
+            round(seconds[1], 2), "parameters": params,
             "predicted_gib": {k: round(v, 3) for k, v in predicted.items()},
             "shape": f"hidden {QWEN_1_5B['hidden_size']}, {QWEN_1_5B['num_hidden_layers']} layers,"
                      f" V = {QWEN_1_5B['vocab_size']:,}, {MEMORY_ROWS} x {MEMORY_LENGTH} tokens"}
@@ -968,7 +982,9 @@ def stage_peer(work: Path, options: dict) -> dict:
     lze = [s["timing_s/step"] for s in trainer.get("steps", [])[1:] if "timing_s/step" in s]
     if not lze:
         return {"status": "skipped", "reason": "the trainer stage left no step times"}
-    with _tee_output(work / "peer.log"):
+    from lze_trainer.run_log import output_to
+
+    with output_to(work / "peer.log"):
         trl = trl_step_seconds(Path(trainer["model"]), Path(trainer["data"]), work / "trl")
     lze_s, trl_s = _median(lze), _median(trl)
     return {"status": "passed", "trl_step_s": trl_s, "lze_step_s": lze_s, "ratio": lze_s / trl_s,

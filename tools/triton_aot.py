@@ -8,7 +8,8 @@ architecture, runs ``triton.compile`` down to a cubin, then the bundled ``ptxas 
       "registers", "spill_stores", "spill_loads", "stack_bytes"}, ...]}
 
 Must run without ``TRITON_INTERPRET=1`` (under the interpreter ``@triton.jit`` functions cannot
-be compiled). Usage: ``python tools/triton_aot.py [--arch 80 90] [--output FILE] [--jobs N]``.
+be compiled). Usage: ``python tools/triton_aot.py [--arch 80 90] [--output FILE] [--jobs N]
+[--scalars-as-one]``.
 """
 
 from __future__ import annotations
@@ -36,23 +37,52 @@ def _configs():
     return list(aot_configs())
 
 
-def compile_config(index: int, capability: int) -> dict:
-    """Compile config ``index`` for ``sm_<capability>`` and measure its resources."""
+def compile_config(index: int, capability: int, scalars_as_one: bool = False) -> dict:
+    """Compile config ``index`` for ``sm_<capability>`` and measure its resources.
+
+    ``scalars_as_one``: compile it as the JIT does when every integer argument it may
+    specialise is 1 (B = 1, k = 1, seed = 1, ...): such an argument becomes the compile-time
+    constant 1, a Python int inside the kernel, where ``.to()`` and other tensor methods fail.
+    Arguments in the kernel's ``do_not_specialize`` stay runtime scalars."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     config = _configs()[index]
+    signature, constexprs = dict(config.signature), dict(config.constexprs)
+    if scalars_as_one:
+        for arg in _specialisable_ints(config):
+            signature[arg], constexprs[arg] = "constexpr", 1
     # Torch allocations are 16-byte aligned; the JIT assumes so for pointers, and so do we.
     attrs = {(config.fn.arg_names.index(arg),): [["tt.divisibility", 16]]
              for arg in config.pointer_args()}
-    source = ASTSource(fn=config.fn, signature=config.signature, constexprs=config.constexprs,
-                       attrs=attrs)
+    source = ASTSource(fn=config.fn, signature=signature, constexprs=constexprs, attrs=attrs)
     kernel = triton.compile(source, target=GPUTarget("cuda", capability, 32),
                             options={"num_warps": config.num_warps, **config.options})
     return {"name": config.name, "arch": f"sm_{capability}",
             "num_warps": kernel.metadata.num_warps, "shared_bytes": kernel.metadata.shared,
             **ptxas_resources(kernel.asm["ptx"], capability, config.options)}
+
+
+def _specialisable_ints(config) -> list[str]:
+    """The integer arguments of ``config`` that the JIT turns into the constant 1 when they are 1."""
+    kept = set(getattr(config.fn, "do_not_specialize", None) or ())
+    return [arg for index, (arg, kind) in enumerate(config.signature.items())
+            if kind in ("i32", "i64") and arg not in kept and index not in kept]
+
+
+def one_config_per_variant() -> list[int]:
+    """One config index per kernel and variant other than its tile shape (argument types, flags
+    such as ``HAS_NOISE``): the ``--scalars-as-one`` pass compiles every code path once."""
+    seen, indices = set(), []
+    for index, config in enumerate(_configs()):
+        flags = tuple(sorted((name, value) for name, value in config.constexprs.items()
+                             if not name.startswith("BLOCK_")))
+        variant = (config.fn, flags, tuple(config.signature.values()))
+        if variant not in seen:
+            seen.add(variant)
+            indices.append(index)
+    return indices
 
 
 def ptxas_resources(ptx: str, capability: int, options: dict) -> dict:
@@ -83,13 +113,17 @@ def main(argv=None) -> int:
                         help="compute capabilities to compile for (default: 80 90)")
     parser.add_argument("--output", type=Path, help="also write the JSON to this file")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--scalars-as-one", action="store_true",
+                        help="compile one config per kernel variant with every integer argument "
+                             "the JIT may specialise set to the constant 1 (a B = 1 launch)")
     args = parser.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         parser.error("unset TRITON_INTERPRET: the interpreter cannot compile kernels")
 
     import triton
 
-    tasks = [(index, arch) for index in range(len(_configs())) for arch in args.arch]
+    indices = one_config_per_variant() if args.scalars_as_one else range(len(_configs()))
+    tasks = [(index, arch, args.scalars_as_one) for index in indices for arch in args.arch]
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         kernels = list(pool.map(compile_config, *zip(*tasks)))
     report = json.dumps({"triton": triton.__version__, "kernels": kernels}, indent=1)

@@ -75,7 +75,9 @@ def _load_scores(energy_ptr, rows, num_rows, gumbel_scale, seed64, HAS_NOISE: tl
     return score, e > 0
 
 
-@triton.jit
+# `seed` is a runtime scalar: the JIT would compile a seed of 1 as the constant 1 (a Python int,
+# with no `.to`), and a new kernel for it; every other seed shares one compiled kernel.
+@triton.jit(do_not_specialize=["seed"])
 def _topk_kernel(
     energy_ptr, keep_mask_ptr, kept_indices_ptr, num_kept_ptr, step_counter_ptr,
     num_rows, k, noise_scale, seed,
