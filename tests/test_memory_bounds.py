@@ -363,6 +363,30 @@ def test_hf_engine_log_probs_equal_output_scores(model_dir):
                                        rtol=1e-5, atol=1e-5)
 
 
+def test_hf_engine_rows_per_generate_call(model_dir, monkeypatch):
+    """64 rows a call on a CPU; on a GPU as many as a quarter of the free memory holds at the
+    arithmetic of ``generate_bytes_per_row`` (Qwen2.5-1.5B's shape: 2 x 28 layers x 2 KV heads x
+    128 x 2 bytes = 28 KiB a token, plus 3 x V float32 scores)."""
+    from transformers import Qwen2Config
+
+    from lze_trainer.rollout import hf_engine
+
+    qwen = Qwen2Config(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12,
+                       num_key_value_heads=2, vocab_size=151_936)
+    per_row = hf_engine.generate_bytes_per_row(qwen, torch.bfloat16, 4096)
+    assert per_row == 2 * 28 * 2 * 128 * 4096 * 2 + 3 * 151_936 * 4
+    engine = hf_engine.HFEngine(C.load("tiny", ["model.dtype=float32"]), model_dir,
+                                SimpleNamespace(device=torch.device("cpu")))
+    assert engine._rows_per_call(4096) == hf_engine.CPU_ROWS_PER_CALL
+    engine.device = torch.device("cuda")
+    free = 80 * 2**30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (free, free))
+    tiny = hf_engine.generate_bytes_per_row(engine.model.config, engine.model.dtype, 100)
+    assert engine._rows_per_call(100) == int(0.25 * free) // tiny
+    free = 1000  # less than one row: still one row a call
+    assert engine._rows_per_call(100) == 1
+
+
 # ---------------------------------------------------------------------- optimizer
 
 

@@ -207,7 +207,8 @@ def _memory_tables(trainer: dict, memory: dict) -> list[str]:
     lines = []
     phases = trainer.get("peak_memory_gib")
     if phases:
-        lines += ["", "## Trainer: peak GPU memory per phase (3 GRPO steps, bf16, ZeRO-2)", "",
+        steps = len(trainer.get("steps", []))
+        lines += ["", f"## Trainer: peak GPU memory per phase ({steps} GRPO steps, bf16, ZeRO-2)", "",
                   "| phase | peak GiB |", "|---|---|"]
         lines += [f"| {phase} | {gib:.2f} |" for phase, gib in phases.items()]
     if trainer.get("steps"):

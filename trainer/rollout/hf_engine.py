@@ -17,7 +17,9 @@ import torch
 
 from .base import Completion, SamplingSpec, Specs, per_prompt, reseed
 
-_ROWS_PER_CALL = 64  # sequences per generate() call: bounds the padded KV cache
+CPU_ROWS_PER_CALL = 64  # sequences per generate() call on a CPU: bounds the padded KV cache
+# On a GPU one call's padded KV cache and scores may take this share of the free memory.
+GPU_MEMORY_SHARE = 0.25
 
 
 class HFEngine:
@@ -47,13 +49,27 @@ class HFEngine:
         # transformers samples one way per call: rows in runs of one spec, in order
         for run_spec, run in itertools.groupby(rows, key=lambda i: specs[i]):
             run = list(run)
-            for start in range(0, len(run), _ROWS_PER_CALL):
-                chunk = [prompts[i] for i in run[start:start + _ROWS_PER_CALL]]
+            longest = max(len(prompts[i]) for i in run) + run_spec.max_new_tokens
+            step = self._rows_per_call(longest)
+            for start in range(0, len(run), step):
+                chunk = [prompts[i] for i in run[start:start + step]]
                 completions += self._generate_rows(chunk, run_spec)
         results: list[list[Completion]] = [[] for _ in prompts]
         for i, completion in zip(rows, completions):
             results[i].append(completion)
         return results
+
+    def _rows_per_call(self, tokens: int) -> int:
+        """Sequences per ``generate`` call. On a GPU, decoding a small batch is bound by the
+        per-token latency, so one call of 128 rows takes about what a call of 64 takes: as many
+        rows as :data:`GPU_MEMORY_SHARE` of the free memory holds (the first GPU check ran two
+        64-row calls where TRL ran one, docs/gpu-check.md). On a CPU, where time grows with the
+        rows, :data:`CPU_ROWS_PER_CALL`."""
+        if self.device.type != "cuda":
+            return CPU_ROWS_PER_CALL
+        free, _ = torch.cuda.mem_get_info(self.device)
+        per_row = generate_bytes_per_row(self.model.config, self.model.dtype, tokens)
+        return max(1, int(GPU_MEMORY_SHARE * free) // per_row)
 
     def _generate_rows(self, prompts: list[list[int]], spec: SamplingSpec) -> list[Completion]:
         width = max(len(p) for p in prompts)
@@ -95,6 +111,18 @@ class HFEngine:
 
     def close(self) -> None:
         pass
+
+
+def generate_bytes_per_row(config, dtype: torch.dtype, tokens: int) -> int:
+    """Device bytes one sequence of ``tokens`` (prompt and response) holds during ``generate``:
+    its padded KV cache (keys and values of every layer, ``2 x layers x KV heads x head dim``
+    elements a token) and three float32 rows of scores (the logits, the processed scores and the
+    recorder's copy of the previous step)."""
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    kv = 2 * config.num_hidden_layers * kv_heads * head_dim * tokens * dtype.itemsize
+    return kv + 3 * config.vocab_size * 4
 
 
 def _warpers(spec: SamplingSpec) -> list:
