@@ -981,7 +981,7 @@ def stage_peer(work: Path, options: dict) -> dict:
     one after the other in the same call."""
     trainer = json.loads((work / "trainer.json").read_text()) if (work / "trainer.json").exists() \
         else {}
-    lze = [s["timing_s/step"] for s in trainer.get("steps", [])[1:] if "timing_s/step" in s]
+    lze = [s["timing_s/step"] for s in trainer.get("steps", [])[1:]]  # all timed (_step_summary)
     if not lze:
         return {"status": "skipped", "reason": "the trainer stage left no step times"}
     from lze_trainer.run_log import output_to
