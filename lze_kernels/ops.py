@@ -23,7 +23,6 @@ Example (inside a verl/TRL advantage hook)::
 
 from __future__ import annotations
 
-import warnings
 from typing import Optional
 
 import torch
@@ -124,13 +123,3 @@ def allocate_rollouts_by_score(scores: torch.Tensor, total: int, tau: float = 0.
     validation.check_rollout_scores(scores)
     validation.check_rollout_budget(scores.shape[0], total, tau, n_min, n_max)
     return reference.allocate_rollouts(scores, total, tau, n_min, n_max)
-
-
-def allocate_rollouts(scores: torch.Tensor, total: int, tau: float = 0.2, n_min: int = 2,
-                      n_max: int = 32) -> torch.Tensor:
-    """The previous release's name of :func:`allocate_rollouts_by_score` (same arguments, same
-    checks: integer ids are refused); read until the next release, with a DeprecationWarning."""
-    warnings.warn("ops.allocate_rollouts is now ops.allocate_rollouts_by_score (it takes scores; "
-                  "prompt ids go to LZESelector.allocate_rollouts); the old name is read until "
-                  "the next release", DeprecationWarning, stacklevel=2)
-    return allocate_rollouts_by_score(scores, total, tau, n_min, n_max)

@@ -165,14 +165,9 @@ def test_bad_arguments_raise(model_dir, tmp_path):
                        args=make_config(tmp_path), train_dataset=wrong_index.to_iterable_dataset())
 
 
-def test_policy_is_read_as_method_with_a_deprecation_warning(model_dir, tmp_path):
-    """The previous release's name of ``method``: read, with a warning naming the new name;
-    both given is refused before TRL builds anything."""
-    with pytest.warns(DeprecationWarning, match="policy is now method"):
-        trainer = make_trainer(model_dir, tmp_path, policy="dapo")
-    assert trainer.lze_method == "dapo" and trainer.lze_selector is None
-    with pytest.raises(ValueError, match="method and policy"):
-        make_trainer(model_dir, tmp_path, method="dapo", policy="dapo")
+def test_unknown_method_is_refused(model_dir, tmp_path):
+    with pytest.raises(ValueError, match="method: expected one of"):
+        make_trainer(model_dir, tmp_path, method="top")
 
 
 def format_reward(completions, **_):

@@ -285,15 +285,9 @@ def test_score_fn_maps_rewards_for_lze_but_not_the_advantages():
     assert torch.equal(adapter.last.keep_mask, plain.last.keep_mask)
 
 
-def test_policy_is_read_as_method_with_a_deprecation_warning():
-    """The previous release's name of ``method``: read, with a warning naming the new name."""
-    with pytest.warns(DeprecationWarning, match="policy is now method"):
-        adapter = LZEAdvantage(policy="dapo")
-    assert adapter.method == "dapo" and adapter.selector is None
-    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="policy: expected"):
-        LZEAdvantage(20, policy="top")
-    with pytest.raises(ValueError, match="method and policy"):
-        LZEAdvantage(20, method="lze", policy="lze")
+def test_unknown_method_is_refused():
+    with pytest.raises(ValueError, match="method: expected one of"):
+        LZEAdvantage(20, method="top")
 
 
 def test_state_round_trips():

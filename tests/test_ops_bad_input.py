@@ -496,14 +496,3 @@ def test_checks_read_metadata_only():
         selection = update_and_select(torch.rand(8, 4), torch.randperm(50)[:8],
                                       torch.rand(8, 4) < 0.8, ops.new_state(50))
         assert selection.kept_indices.shape == (3,)
-
-
-def test_allocate_rollouts_old_name_warns_and_refuses_ids_too():
-    """ops.allocate_rollouts (the previous release's name) is allocate_rollouts_by_score with a
-    DeprecationWarning: same counts for scores, the same refusal of integer prompt ids."""
-    scores = torch.tensor([0.6, 0.3, 0.0])
-    with pytest.warns(DeprecationWarning, match="allocate_rollouts_by_score"):
-        counts = ops.allocate_rollouts(scores, 48, tau=0.2, n_min=2, n_max=32)
-    assert torch.equal(counts, ops.allocate_rollouts_by_score(scores, 48, 0.2, 2, 32))
-    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="scores"):
-        ops.allocate_rollouts(torch.tensor([3, 14, 15]), 48)

@@ -1,11 +1,10 @@
 """The trainer config: presets load and validate, bad keys and values fail naming the key; every
-field has its help, --help lists the presets and --print-config prints every preset; renamed keys
-of the previous release still load, with a warning; defaults that follow other settings."""
+field has its help, --help lists the presets and --print-config prints every preset; defaults
+that follow other settings."""
 
 import dataclasses
 import subprocess
 import sys
-import warnings
 
 import pytest
 import yaml
@@ -17,7 +16,7 @@ from lze_trainer.main import main
 PRESETS = sorted(p.stem for p in C.PRESETS_DIR.glob("*.yaml"))
 
 
-def test_every_preset_named_by_the_issue_exists():
+def test_the_documented_presets_exist():
     assert {"tiny", "demo", "smollm2-135m", "qwen2.5-math-1.5b"} <= set(PRESETS)
 
 
@@ -169,105 +168,6 @@ def test_commented_yaml_of_every_value_kind_loads_back(tmp_path):
     path.write_text(C.commented_yaml(cfg, "two\nlines"))
     assert path.read_text().startswith("# two\n# lines\n")
     assert C.load(str(path)) == cfg
-
-
-# ---------------------------------------------------------------- renamed keys
-
-def test_every_renamed_key_names_a_field_and_its_old_name_is_gone():
-    defaults = C.Config()
-    for old, new in C.RENAMED_KEYS.items():
-        C._get(defaults, new)  # the new key exists
-        with pytest.raises(AttributeError):
-            C._get(defaults, old)
-
-
-@pytest.mark.parametrize("old, new, value", [
-    ("selection.policy", "selection.method", "dots"),
-    ("selection.dots_every", "selection.dots.every", 3),
-    ("selection.dots_predictor", "selection.dots.predictor", False),
-    ("selection.dots_predictor_prompts", "selection.dots.predictor_prompts", 64),
-    ("selection.greso_initial", "selection.greso.initial", 0.2),
-    ("selection.speed_screen_rollouts", "selection.speed.screen_rollouts", 2),
-    ("selection.speed_prefilter", "selection.speed.prefilter", "greso"),
-    ("selection.hive_keep_share", "selection.hive.keep_share", 0.25),
-    ("selection.fill_factor", "selection.fill.factor", 2.0),
-    ("selection.schedule_target", "selection.schedule.target", 0.5),
-])
-def test_old_keys_load_with_a_warning_naming_the_new_key(old, new, value, tmp_path):
-    method = [] if old == "selection.policy" else ["selection.method=speed"]
-    with pytest.warns(DeprecationWarning, match=f"{old} is now {new}"):
-        from_cli = C.load("tiny", [f"{old}={str(value).lower()}", *method])
-    assert C._get(from_cli, new) == value
-    section, name = old.split(".")
-    path = tmp_path / "old.yaml"
-    path.write_text(yaml.safe_dump({section: {name: value}}))
-    with pytest.warns(C.RenamedKeyWarning, match=f"{old} is now {new} \\(in .*old.yaml\\)"):
-        assert C.load(str(path), method) == C.load(None, [f"{new}={str(value).lower()}", *method])
-
-
-def test_docs_table_of_renamed_keys_is_the_code_table():
-    import re
-
-    from pathlib import Path
-
-    text = (Path(__file__).resolve().parents[1] / "docs" / "config.md").read_text()
-    rows = dict(re.findall(r"^\| `(selection\.\w+)` \| `(selection\.[\w.]+)` \|$", text, re.M))
-    assert rows == C.RENAMED_KEYS
-
-
-def test_uniform_is_an_alias_of_grpo_in_yaml_overrides_and_interpolations(tmp_path):
-    path = tmp_path / "old.yaml"
-    path.write_text("selection:\n  policy: uniform\n"
-                    "trainer:\n  run_dir: runs/x-${selection.policy}\n")
-    with pytest.warns(DeprecationWarning) as caught:
-        cfg = C.load(str(path))
-    assert cfg.selection.method == "grpo" and cfg.trainer.run_dir == "runs/x-grpo"
-    said = " / ".join(str(w.message) for w in caught)
-    assert "selection.method=uniform is now selection.method=grpo" in said
-    assert "${selection.policy} is now ${selection.method}" in said
-    with pytest.warns(DeprecationWarning, match="uniform is now selection.method=grpo"):
-        assert C.load("tiny", ["selection.method=uniform"]).selection.method == "grpo"
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # the new names: no warning
-        assert C.load("tiny", ["selection.method=grpo"]).selection.method == "grpo"
-
-
-def test_old_and_new_name_together_is_an_error(tmp_path):
-    path = tmp_path / "both.yaml"
-    path.write_text("selection:\n  dots_every: 3\n  dots:\n    every: 4\n")
-    with pytest.raises(C.ConfigError, match="selection.dots.every: given twice"):
-        C.load(str(path))
-
-
-def test_a_checkpoint_of_the_previous_release_resumes():
-    """trainer_state's config (dataclasses.asdict) of a tiny run before the rename, with the
-    old fixed defaults (speed_screen_rollouts 4, allocation_max 16): checkpoint.load compares it
-    after :func:`renamed`, and the derived keys count only while their switch is on."""
-    from lze_trainer.checkpoint import CheckpointError, check_compatible
-
-    def saved_by_the_previous_release(current: dict) -> dict:
-        saved = {**current, "selection": dict(current["selection"]),
-                 "rollout": {**current["rollout"], "allocation_max": 16}}
-        selection = saved["selection"]
-        method = selection.pop("method")
-        selection["policy"] = "uniform" if method == "grpo" else method
-        selection["speed_screen_rollouts"] = 4
-        selection.pop("speed")
-        return saved
-
-    current = {**dataclasses.asdict(C.load("tiny", ["selection.method=grpo"])), "world_size": 2}
-    assert current["selection"]["speed"]["screen_rollouts"] == 2
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        upgraded = C.renamed(saved_by_the_previous_release(current), warn=False)
-    assert upgraded["selection"]["method"] == "grpo"
-    check_compatible(upgraded, current, folder="step_000002")
-    speed = {**dataclasses.asdict(C.load("tiny", ["selection.method=speed",
-                                                  "rollout.n=8"])), "world_size": 2}
-    with pytest.raises(CheckpointError,
-                       match="selection.speed.screen_rollouts: checkpoint 4, now 3"):
-        check_compatible(C.renamed(saved_by_the_previous_release(speed), warn=False), speed,
-                         folder="step_000002")
 
 
 # ---------------------------------------------------------------- defaults that follow

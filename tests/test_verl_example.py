@@ -75,15 +75,9 @@ def test_example_script_composes_and_builds_the_buffer(forward, mode):
         checkpoint.unregister(checkpoint.FORWARD)
 
 
-def test_example_script_reads_policy_as_method():
-    """POLICY, the previous name of METHOD, still chooses the method (with a note); both given
-    stop the script before it launches anything."""
+def test_example_script_passes_the_method():
     method = "+trainer.v1.sampler.sampler_kwargs.method="
     assert f"{method}dapo" in script_overrides(METHOD="dapo")
-    assert f"{method}dapo" in script_overrides(POLICY="dapo")
-    both = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True,
-                          env={**os.environ, "METHOD": "lze", "POLICY": "dapo"})
-    assert both.returncode == 2 and "give METHOD only" in both.stderr
 
 
 def test_docs_quick_start_composes_and_builds_the_buffer():

@@ -256,16 +256,10 @@ def test_bad_settings_are_refused():
         buffer(rollouts, forward={"method": "greso", "batch_size": 4, "embeddings": "e.pt"})
 
 
-def test_policy_is_read_as_method_with_a_deprecation_warning():
-    """``sampler_kwargs.policy``, the previous release's name of ``method``: read, with a
-    warning naming the new name; both given is refused."""
+def test_unknown_method_is_refused_naming_the_option():
     try:
-        with pytest.warns(DeprecationWarning,
-                          match="sampler_kwargs.policy is now sampler_kwargs.method"):
-            rb = buffer(Rollouts([]), policy="dapo")
-        assert rb.method == "dapo" and rb.selector is None and rb.keep_ratio == 1.0
-        with pytest.raises(ValueError, match="sampler_kwargs.method and sampler_kwargs.policy"):
-            buffer(Rollouts([]), method="lze", policy="lze")
+        with pytest.raises(ValueError, match="sampler_kwargs.method: expected one of"):
+            buffer(Rollouts([]), method="top")
     finally:
         checkpoint.unregister("replay_buffer")
 

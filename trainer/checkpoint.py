@@ -33,7 +33,6 @@ from lze_kernels.serialization import UnsafeStateFileError, load_state_file
 
 from . import distributed as D
 from .batch import RolloutGroup
-from .config import renamed
 from .rollout import Completion
 
 COMPLETE = "COMPLETE"
@@ -154,8 +153,7 @@ def load(engine, folder: Path, rank: int, config_dict: dict) -> dict:
     """Restore DeepSpeed's state and this rank's RNGs; returns the trainer state, with this rank's
     own under ``rank_state``."""
     trainer_state = read_state(folder / TRAINER_STATE)
-    # A checkpoint of the previous release names some keys as it did (config.RENAMED_KEYS).
-    check_compatible(renamed(trainer_state["config"], warn=False), config_dict, folder)
+    check_compatible(trainer_state["config"], config_dict, folder)
     path, _ = engine.load_checkpoint(str(folder.parent), tag=folder.name,
                                      load_optimizer_states=True, load_lr_scheduler_states=True)
     if path is None:

@@ -11,18 +11,14 @@ resolved config is saved in the run folder; ``python -m lze_trainer --config <pr
 the whole story.
 
 Each method's own settings sit in a group under ``selection`` (``selection.dots.every``); LZE's
-stay at the top of ``selection``, since its selector scores every method's groups. Keys of the
-previous release (``selection.policy``, ``selection.dots_every``, ..., the method ``uniform``) are
-still read, with a :class:`RenamedKeyWarning`: :data:`RENAMED_KEYS` and :data:`RENAMED_VALUES`.
+stay at the top of ``selection``, since its selector scores every method's groups.
 """
 
 from __future__ import annotations
 
 import math
-import re
 import textwrap
 import typing
-import warnings
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Literal, Optional, Sequence
@@ -232,8 +228,7 @@ class SelectionConfig:
     method: Literal["grpo", "dapo", "lze", "dots", "greso", "speed"] = setting(
         "lze", "grpo: every group (plain GRPO); dapo: groups with non-zero reward variance "
         "(DAPO's dynamic sampling); lze: the top-k groups by Learning-Zone Energy; dots / greso / "
-        "speed choose the prompts before rollout (lze_trainer.methods). Old name "
-        "selection.policy; old value uniform = grpo")
+        "speed choose the prompts before rollout (lze_trainer.methods)")
     backend: str = setting("auto", "lze_kernels backend (auto, cpu, cuda, triton, torch)")
     warmup_steps: int = setting(0, "train on all groups for the first steps (the selector still "
                                 "scores them)")
@@ -406,82 +401,23 @@ class ConfigError(ValueError):
     """A config value that cannot run; the message names the key and what was expected."""
 
 
-class RenamedKeyWarning(DeprecationWarning):
-    """A config key or value of the previous release, read under its new name."""
-
-
 PRESETS_DIR = Path(__file__).resolve().parent / "configs"
-
-# Keys of the previous release -> their names now (read for one more release, with a warning).
-# Every method's own settings moved from a prefix (selection.dots_every) to a group
-# (selection.dots.every); "policy" is the model in RL, so the method is selection.method.
-_GROUPS = {"schedule": ScheduleConfig, "fill": FillConfig, "dots": DotsConfig,
-           "greso": GresoConfig, "speed": SpeedConfig, "hive": HiveConfig}
-RENAMED_KEYS: dict[str, str] = {
-    "selection.policy": "selection.method",
-    **{f"selection.{group}_{f.name}": f"selection.{group}.{f.name}"
-       for group, cls in _GROUPS.items() for f in fields(cls)},
-}
-# Values of the previous release -> their names now: the study and the papers call plain GRPO
-# "grpo", as TRL and verl do.
-RENAMED_VALUES: dict[str, dict[str, str]] = {"selection.method": {"uniform": "grpo"}}
 
 
 def load(config_file: Optional[str] = None, overrides: Sequence[str] = ()) -> Config:
     """Defaults <- YAML file <- ``a.b=c`` overrides, type-checked, derived settings filled in
-    and validated. Renamed keys are mapped first (:func:`renamed`), with a warning each."""
+    and validated."""
     try:
         cfg = OmegaConf.structured(Config)
         if config_file is not None:
-            path = _preset_path(config_file)
-            tree = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
-            cfg = OmegaConf.merge(cfg, renamed(tree, str(path)))
-        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(renamed_overrides(overrides)))
+            cfg = OmegaConf.merge(cfg, OmegaConf.load(_preset_path(config_file)))
+        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
     except OmegaConfBaseException as e:
         raise ConfigError(_first_lines(str(e))) from None
     config = OmegaConf.to_object(cfg)
     resolve_derived(config)
     validate(config)
     return config
-
-
-def renamed(tree: dict, where: str = "", warn: bool = True) -> dict:
-    """A copy of a nested config dict (a YAML file, a checkpoint's saved config) with the keys
-    and values of :data:`RENAMED_KEYS` / :data:`RENAMED_VALUES` under their new names, and
-    ``${old.key}`` interpolations pointing at the new ones; a warning per renamed entry."""
-    tree = _copy(tree)
-    for old, new in RENAMED_KEYS.items():
-        *parents, name = old.split(".")
-        node = _node(tree, parents)
-        if isinstance(node, dict) and name in node:
-            if _node(tree, new.split(".")) is not None:
-                raise ConfigError(f"{new}: given twice, also as {old} (its old name){_at(where)}")
-            value = node.pop(name)
-            *new_parents, new_name = new.split(".")
-            _node(tree, new_parents, create=True)[new_name] = value
-            _warn_renamed(old, new, where, warn)
-    for key, aliases in RENAMED_VALUES.items():
-        *parents, name = key.split(".")
-        node = _node(tree, parents)
-        if isinstance(node, dict) and _is_alias(node.get(name), aliases):
-            node[name] = _renamed_value(key, node[name], aliases, where, warn)
-    return _map_strings(tree, lambda text: _renamed_interpolations(text, where, warn))
-
-
-def renamed_overrides(overrides: Sequence[str]) -> list[str]:
-    """``a.b=c`` overrides with renamed keys and values under their new names (a warning each)."""
-    out = []
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        key = key.strip()
-        if key in RENAMED_KEYS:
-            _warn_renamed(key, RENAMED_KEYS[key], "the command line", True)
-            key = RENAMED_KEYS[key]
-        aliases = RENAMED_VALUES.get(key, {})
-        if _is_alias(value.strip(), aliases):
-            value = _renamed_value(key, value.strip(), aliases, "the command line", True)
-        out.append(key + sep + _renamed_interpolations(value, "the command line", True))
-    return out
 
 
 def resolve_derived(c: Config) -> None:
@@ -676,65 +612,6 @@ def _preset_path(name: str) -> Path:
     presets = sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
     raise ConfigError(f"--config: no file {name!r} and no bundled preset of that name "
                       f"(presets: {presets})")
-
-
-# ---------------------------------------------------------------------------- renamed keys
-
-def _warn_renamed(old: str, new: str, where: str, warn: bool) -> None:
-    if warn:
-        warnings.warn(f"{old} is now {new}{_at(where)}; the old name is read until the next "
-                      f"release", RenamedKeyWarning, stacklevel=4)
-
-
-def _renamed_value(key: str, value: str, aliases: dict[str, str], where: str, warn: bool) -> str:
-    _warn_renamed(f"{key}={value}", f"{key}={aliases[value]}", where, warn)
-    return aliases[value]
-
-
-def _is_alias(value: Any, aliases: dict[str, str]) -> bool:
-    return isinstance(value, str) and value in aliases
-
-
-_INTERPOLATION = re.compile(r"\$\{\s*([\w.]+)\s*\}")
-
-
-def _renamed_interpolations(text: str, where: str, warn: bool) -> str:
-    def new_name(match: re.Match) -> str:
-        old = match.group(1)
-        if old not in RENAMED_KEYS:
-            return match.group(0)
-        _warn_renamed("${" + old + "}", "${" + RENAMED_KEYS[old] + "}", where, warn)
-        return "${" + RENAMED_KEYS[old] + "}"
-
-    return _INTERPOLATION.sub(new_name, text)
-
-
-def _at(where: str) -> str:
-    return f" (in {where})" if where else ""
-
-
-def _node(tree: dict, path: list[str], create: bool = False):
-    """The dict at ``path`` in ``tree`` (None where it is missing, unless ``create``)."""
-    node: Any = tree
-    for part in path:
-        if not isinstance(node, dict):
-            return None
-        if part not in node and create:
-            node[part] = {}
-        node = node.get(part)
-    return node
-
-
-def _copy(tree: Any) -> Any:
-    return {k: _copy(v) for k, v in tree.items()} if isinstance(tree, dict) else tree
-
-
-def _map_strings(tree: Any, fn) -> Any:
-    if isinstance(tree, dict):
-        return {k: _map_strings(v, fn) for k, v in tree.items()}
-    if isinstance(tree, list):
-        return [_map_strings(v, fn) for v in tree]
-    return fn(tree) if isinstance(tree, str) else tree
 
 
 # ---------------------------------------------------------------------------- commented YAML

@@ -24,8 +24,8 @@ import warnings
 from pathlib import Path
 from typing import Optional
 
-from .config import (Config, ConfigError, RenamedKeyWarning, commented_yaml, load,
-                     preset_descriptions, validate_world)
+from .config import (Config, ConfigError, commented_yaml, load, preset_descriptions,
+                     validate_world)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -51,9 +51,7 @@ def _epilog() -> str:
     lines += ["",
               "overrides: any key as section.key=value, after the preset, e.g.",
               "  selection.method=grpo rollout.n=16 'data.eval=[a.jsonl,b.jsonl]'",
-              "  (null for none; lists in brackets). A key of the previous release",
-              "  (selection.policy, selection.dots_every, ...) is still read, with a warning",
-              "  naming its new name.",
+              "  (null for none; lists in brackets).",
               "",
               "examples:",
               "  python -m lze_trainer --config demo --print-config selection.method=speed",
@@ -102,20 +100,12 @@ def main(argv=None) -> int:
 
 
 def _load_config(args: argparse.Namespace) -> Optional[Config]:
-    """The config, or None after saying why not; renamed keys are said once, by rank 0 (a
-    DeprecationWarning is hidden by default)."""
-    with warnings.catch_warnings(record=True) as renames:
-        warnings.simplefilter("always", RenamedKeyWarning)
-        try:
-            cfg, error = load(args.config, args.overrides), None
-        except ConfigError as e:
-            cfg, error = None, e
-    if os.environ.get("RANK", "0") == "0":
-        for warning in renames:
-            print(f"lze_trainer: {warning.category.__name__}: {warning.message}", file=sys.stderr)
-    if error is not None:
-        print(f"lze_trainer: {error}", file=sys.stderr)
-    return cfg
+    """The config, or None after saying why not."""
+    try:
+        return load(args.config, args.overrides)
+    except ConfigError as e:
+        print(f"lze_trainer: {e}", file=sys.stderr)
+        return None
 
 
 def _engine_installed(cfg: Config) -> bool:

@@ -24,14 +24,6 @@ VAL=${VAL:-$HOME/data/gsm8k/test.parquet}
 MODEL=${MODEL:-Qwen/Qwen2.5-1.5B-Instruct}
 NUM_PROMPTS=${NUM_PROMPTS:-7473}   # rows of $TRAIN
 BATCH=${BATCH:-128}
-if [[ -n ${POLICY:-} ]]; then       # the previous name of METHOD, read until the next release
-    if [[ -n ${METHOD:-} ]]; then
-        echo "run_lze_grpo.sh: give METHOD only (POLICY is its previous name)" >&2
-        exit 2
-    fi
-    echo "run_lze_grpo.sh: POLICY is now METHOD (in RL the policy is the model)" >&2
-    METHOD=$POLICY
-fi
 METHOD=${METHOD:-lze}              # lze | dapo (plain GRPO: verl without these overrides)
 MODE=${MODE:-topk}                 # topk | refill
 FORWARD=${FORWARD:-}               # empty | pruner | greso | dots

@@ -7,14 +7,10 @@ sampling, Yu et al., 2025, docs/spec.md §7, stateless). Trainers drop or keep w
 single rollouts (docs/spec.md §4).
 Plain GRPO (every group) is the framework's own trainer (TRL's ``GRPOTrainer``, verl's ``grpo``
 estimator), so neither integration has a method for it.
-
-The previous release called the method ``policy`` (in RL the policy is the model); that name is
-still read, with a ``DeprecationWarning``, for one more release (:func:`method_or_renamed`).
 """
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -39,28 +35,10 @@ class GroupSelection:
     step: Optional[StepOutput] = None  # the selector's full output (method "lze")
 
 
-def check_method(method: str, name: str = "method") -> None:
+def check_method(method: str, name: str = "method") -> str:
+    """``method``, if it is one of :data:`METHODS`; else a ``ValueError`` naming ``name``."""
     if method not in METHODS:
         raise ValueError(f"{name}: expected one of {METHODS}, got {method!r}")
-
-
-def method_or_renamed(method: Optional[str], policy: Optional[str], prefix: str = "",
-                      stacklevel: int = 3) -> str:
-    """The checked selection method (default ``"lze"``), given as ``method`` or under its
-    previous name ``policy`` (read for one more release, with a ``DeprecationWarning`` naming
-    ``method``; both given: ``ValueError``). ``prefix`` names where the option sits, e.g.
-    ``"sampler_kwargs."``; ``stacklevel`` points the warning at the caller's caller."""
-    name = f"{prefix}method"
-    if policy is not None:
-        if method is not None:
-            raise ValueError(f"{name} and {prefix}policy: give only {name} ({prefix}policy is "
-                             f"its previous name); got {method!r} and {policy!r}")
-        warnings.warn(f"{prefix}policy is now {name} (in RL the policy is the model); the old "
-                      f"name is read until the next release", DeprecationWarning,
-                      stacklevel=stacklevel)
-        method, name = policy, f"{prefix}policy"
-    method = "lze" if method is None else method
-    check_method(method, name)
     return method
 
 

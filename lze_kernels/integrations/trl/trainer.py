@@ -69,7 +69,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from ...config import LZEConfig
 from ...selector import LZESelector
 from ...serialization import load_state_file
-from ..selection import (GroupSelection, ScoreFn, method_or_renamed, select_groups,
+from ..selection import (GroupSelection, ScoreFn, check_method, select_groups,
                          selection_metrics)
 from .sampler import EpochPlanner, PrunedRepeatSampler
 from .vllm_sync import sync_colocated_vllm_by_reload
@@ -94,8 +94,6 @@ class LZEGRPOTrainer(GRPOTrainer):
         method: the selection method, ``"lze"`` (the default: top-k groups by Learning-Zone
             Energy) or ``"dapo"`` (groups whose rewards are not all equal: DAPO dynamic sampling
             without resampling). Plain GRPO is TRL's own ``GRPOTrainer``.
-        policy: the previous name of ``method``, read until the next release (with a
-            ``DeprecationWarning``; giving both is a ``ValueError``).
         lze_config: the selector's :class:`~lze_kernels.LZEConfig` (``method="lze"``).
         prune: skip rollouts of prompts the selector pruned, through the sampler (``"lze"``;
             docs/spec.md §5). Off by default, as ``lze_trainer``'s ``selection.prune``: LZE as
@@ -110,11 +108,11 @@ class LZEGRPOTrainer(GRPOTrainer):
     """
 
     def __init__(self, model, reward_funcs=None, args=None, train_dataset=None, *gtrainer_args,
-                 method: Optional[str] = None, lze_config: Optional[LZEConfig] = None,
+                 method: str = "lze", lze_config: Optional[LZEConfig] = None,
                  prune: bool = False, index_column: str = "lze_index",
                  score_fn: Optional[ScoreFn] = None, lze_backend: str = "auto",
-                 policy: Optional[str] = None, **gtrainer_kwargs):
-        method = method_or_renamed(method, policy)
+                 **gtrainer_kwargs):
+        method = check_method(method)
         train_dataset = with_index_column(train_dataset, index_column)
         super().__init__(model, reward_funcs, args, train_dataset, *gtrainer_args,
                          **gtrainer_kwargs)

@@ -51,7 +51,7 @@ import torch
 from ... import ops
 from ...config import LZEConfig
 from ...selector import LZESelector
-from ..selection import GroupSelection, ScoreFn, method_or_renamed
+from ..selection import GroupSelection, ScoreFn, check_method
 from .rows import RowSelection, check_row_range, host_rows, select_on_rows
 
 
@@ -178,15 +178,12 @@ class LZEAdvantage:
             as is); advantages always use the raw scores.
         zero_dropped: zero the advantages of the groups the method drops (for a trainer that
             trains on every response it gets); False: verl's GRPO advantages for every group.
-        policy: the previous name of ``method``, read until the next release (with a
-            ``DeprecationWarning``; giving both is a ``ValueError``).
     """
 
     def __init__(self, num_prompts: Optional[int] = None, config: Optional[LZEConfig] = None, *,
-                 method: Optional[str] = None, device="cpu", backend: str = "auto",
-                 score_fn: Optional[ScoreFn] = None, zero_dropped: bool = False,
-                 policy: Optional[str] = None):
-        self.method = method_or_renamed(method, policy)
+                 method: str = "lze", device="cpu", backend: str = "auto",
+                 score_fn: Optional[ScoreFn] = None, zero_dropped: bool = False):
+        self.method = check_method(method)
         self.device = torch.device(device)
         self.score_fn = score_fn
         self.zero_dropped = bool(zero_dropped)

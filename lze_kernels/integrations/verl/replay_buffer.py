@@ -31,8 +31,7 @@ between ``gen_batch_size`` fetches, so a round can span two passes) is one obser
 row (:mod:`.rows`); rounds of one step are separate selector steps, in dispatch order.
 
 Options come from ``trainer.v1.sampler.sampler_kwargs``: ``mode`` (``topk`` / ``refill``),
-``method`` (``lze`` / ``dapo``; ``policy``, its previous name, is read until the next release,
-with a ``DeprecationWarning``), ``num_prompts`` (dataset size, LZE), ``lze`` (a dict of
+``method`` (``lze`` / ``dapo``), ``num_prompts`` (dataset size, LZE), ``lze`` (a dict of
 :class:`~lze_kernels.LZEConfig` fields), ``success_threshold`` (LZE's pass rate counts a response
 as solved when its reward exceeds it; default: the reward itself, which must lie in [0, 1]),
 ``index_field`` (default ``index``), ``forward`` (forward selection, below), and for ``refill``
@@ -67,7 +66,7 @@ from ...config import LZEConfig, num_keep
 from ...selector import LZESelector
 from ...greso import GresoConfig, GresoFilter
 from ...serialization import load_state_file
-from ..selection import method_or_renamed, selection_metrics, unit_scores
+from ..selection import check_method, selection_metrics, unit_scores
 from . import checkpoint
 from .estimator import _layout, group_by_uid
 from .forward import ForwardSampler
@@ -93,8 +92,7 @@ class LZEReplayBuffer(ReplayBuffer):
         if self.mode == "refill" and refill_fn is None:
             raise ValueError("refill_fn: LZEReplayBuffer's refill mode needs verl's refill to "
                              "roll out its extra candidates")
-        method = method_or_renamed(options.pop("method", None), options.pop("policy", None),
-                                   prefix="sampler_kwargs.")
+        method = check_method(options.pop("method", "lze"), "sampler_kwargs.method")
         super().__init__(trainer_mode, trainer_config, max_off_policy_threshold,
                          max_off_policy_strategy, sampler_kwargs, poll_interval, refill_fn)
         self.method = method
