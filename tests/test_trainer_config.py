@@ -216,3 +216,27 @@ SWITCHES = {
 def test_every_method_switch_loads_with_its_defaults(switch, preset):
     cfg = C.load(preset, SWITCHES[switch])
     C.validate_world(cfg, 2)
+
+
+# ---------------------------------------------------------------- the generated key reference
+
+def test_docs_config_md_lists_every_key_as_the_command_writes_it():
+    from pathlib import Path
+
+    from lze_trainer.config_reference import MARKER, written
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "config.md").read_text()
+    assert page == written(page), ("docs/config.md is out of date: run "
+                                   "`python -m lze_trainer.config_reference docs/config.md`")
+    listed = page.split(MARKER, 1)[1]
+    keys = _dotted_keys(C.Config())
+    assert [k for k in keys if f"| `{k}` |" not in listed] == [] and len(keys) > 100
+
+
+def _dotted_keys(node, prefix: str = "") -> list[str]:
+    keys = []
+    for f in dataclasses.fields(node):
+        value = getattr(node, f.name)
+        keys += (_dotted_keys(value, f"{prefix}{f.name}.") if dataclasses.is_dataclass(value)
+                 else [prefix + f.name])
+    return keys

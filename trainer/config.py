@@ -447,6 +447,12 @@ def commented_yaml(config: Config, header: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
+def yaml_value(value: Any) -> str:
+    """``value`` on one line as PyYAML (OmegaConf's own YAML library) writes it in a config."""
+    text = yaml.safe_dump([value], default_flow_style=True, width=math.inf, allow_unicode=True)
+    return text.strip()[1:-1]  # [value] -> value
+
+
 def field_help(cls: type, name: str) -> str:
     """A field's help text, with its choices for a Literal type."""
     (f,) = [f for f in fields(cls) if f.name == name]
@@ -625,9 +631,7 @@ def _render(node: Any, indent: str, lines: list[str]) -> None:
             lines.append(f"{indent}{f.name}:")
             _render(value, indent + "  ", lines)
         else:
-            text = yaml.safe_dump({f.name: value}, default_flow_style=True, width=math.inf,
-                                  sort_keys=False, allow_unicode=True)
-            lines.append(indent + text.strip()[1:-1])  # {key: value} -> key: value
+            lines.append(f"{indent}{f.name}: {yaml_value(value)}")
 
 
 # ---------------------------------------------------------------------------- checks
