@@ -338,7 +338,7 @@ def test_hf_engine_log_probs_equal_output_scores(model_dir):
     from lze_trainer.rollout.base import reseed
     from lze_trainer.rollout.hf_engine import HFEngine
 
-    cfg = C.load("tiny", ["model.dtype=float32"])
+    cfg = C.load("tiny", ["model.dtype=float32", f"rollout.hf_static_cache={static}"])
     engine = HFEngine(cfg, model_dir, SimpleNamespace(device=torch.device("cpu")))
     prompts = [[5, 6, 7], [8, 9]]
     for spec in (SamplingSpec(0.7, 0.9, 6), SamplingSpec(1.3, 1.0, 5), SamplingSpec(0.0, 1.0, 4)):
@@ -366,7 +366,8 @@ def test_hf_engine_log_probs_equal_output_scores(model_dir):
 def test_hf_engine_rows_per_generate_call(model_dir, monkeypatch):
     """64 rows a call on a CPU; on a GPU as many as a quarter of the free memory holds at the
     arithmetic of ``generate_bytes_per_row`` (Qwen2.5-1.5B's shape: 2 x 28 layers x 2 KV heads x
-    128 x 2 bytes = 28 KiB a token, plus 3 x V float32 scores)."""
+    128 x 2 bytes = 28 KiB a token, plus 3 x V float32 scores) for the bucketed cache length,
+    rounded down to a row bucket."""
     from transformers import Qwen2Config
 
     from lze_trainer.rollout import hf_engine
@@ -381,8 +382,9 @@ def test_hf_engine_rows_per_generate_call(model_dir, monkeypatch):
     engine.device = torch.device("cuda")
     free = 80 * 2**30
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (free, free))
-    tiny = hf_engine.generate_bytes_per_row(engine.model.config, engine.model.dtype, 100)
-    assert engine._rows_per_call(100) == int(0.25 * free) // tiny
+    tiny = hf_engine.generate_bytes_per_row(engine.model.config, engine.model.dtype, 128)
+    rows = int(0.25 * free) // tiny  # at 100 tokens' cache bucket, 128
+    assert engine._rows_per_call(100) == hf_engine.bucket_down(rows) > 2 * rows / 3
     free = 1000  # less than one row: still one row a call
     assert engine._rows_per_call(100) == 1
 

@@ -94,6 +94,9 @@ class RolloutConfig:
                                             "CPU, false on GPU)")
     sleep_mode: Optional[bool] = setting(None, "free engine memory during the update (null: on "
                                          "for GPU)")
+    hf_static_cache: bool = setting(True, "hf engine: decode from a static KV cache, each token "
+                                    "one CUDA graph replay on a GPU unless enforce_eager "
+                                    "(false: transformers generate)")
     allocation: bool = setting(False, "per-prompt rollout counts n_i from softmax(E_i / tau), "
                                "rollout.n per prompt on average (ragged groups, docs/spec.md §6)")
     allocation_tau: float = setting(0.2, "softmax temperature of the allocation")

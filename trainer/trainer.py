@@ -287,6 +287,7 @@ class GRPOTrainer:
             if kept_rows else 0.0,
             **_solved_shares(g, responded),
             **self.generation.take_scorer_counts(),
+            "rollout/compile_s": D.all_reduce(self.engine.take_compile_seconds(), "max"),
             "sa/kept_groups": float(len(kept_rows)),
             "sa/kept_ratio": len(kept_rows) / self.cfg.trainer.batch_size,
             "sa/energy_mean": float(selection.energy.cpu()[responded].mean()) if responded.any() else 0.0,

@@ -50,6 +50,10 @@ class RolloutEngine(Protocol):
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Take the actor's current weights (full tensors, Hugging Face names)."""
 
+    def take_compile_seconds(self) -> float:
+        """Seconds spent compiling or capturing decoding since the last call, inside the
+        rollouts (0 for an engine that compiles when it starts)."""
+
     def sleep(self) -> None:
         """Free the engine's device memory while the actor trains (no-op where unsupported)."""
 

@@ -96,6 +96,9 @@ class VLLMEngine:
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors)})
         self.llm.reset_prefix_cache()
 
+    def take_compile_seconds(self) -> float:
+        return 0.0  # vLLM compiles and captures when the engine starts
+
     def sleep(self) -> None:
         if self.sleep_mode and not self._sleeping:
             self.llm.sleep(level=2)  # level 2 drops the weights too: the next sync pushes them
