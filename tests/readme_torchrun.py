@@ -2,20 +2,19 @@
 
 ``python readme_torchrun.py <torchrun arguments>``: parses them with torch.distributed.run's own
 parser, reads the trainer's arguments with ``lze_trainer``'s parser, loads and validates the
-config of the overrides for the world size they ask for, and prints ``world=<n>``. With
-``README_TORCHRUN_RUN=1`` in the environment (set for one call only) it then runs the same trainer
-arguments under a real torchrun on one CPU rank, with ``README_TORCHRUN_EXTRA`` (overrides that
-shrink the run) appended and the README's hub id replaced by ``README_TORCHRUN_MODEL``.
+config of the overrides for the world size they ask for, checks that the training data holds
+the prompts of a step, and prints ``world=<n>``. Nothing is launched: the README's GPU lines
+cannot run on a CPU.
 """
 
-import os
-import subprocess
 import sys
 
 from torch.distributed.run import get_args_parser
 
 from lze_trainer.config import load, validate_world
+from lze_trainer import prompts
 from lze_trainer.main import parse_args
+from lze_trainer.trainer import _check_batch_fits
 
 
 def main(argv: list[str]) -> int:
@@ -24,18 +23,11 @@ def main(argv: list[str]) -> int:
         raise SystemExit(f"expected -m lze_trainer, got {launch.training_script!r}")
     world = int(launch.nproc_per_node) * int(str(launch.nnodes).split(":")[-1])
     trainer_args = parse_args(launch.training_script_args)
-    validate_world(load(trainer_args.config, trainer_args.overrides), world)
+    cfg = load(trainer_args.config, trainer_args.overrides)
+    validate_world(cfg, world)
+    _check_batch_fits(cfg, len(prompts.load(cfg.data.train, cfg.data, cfg.data.train_limit)))
     print(f"world={world}")
-    if os.environ.pop("README_TORCHRUN_RUN", "") != "1":
-        return 0
-    from readme_blocks import HUB_MODEL
-
-    model = os.environ["README_TORCHRUN_MODEL"]
-    args = [a.replace(HUB_MODEL, model) for a in launch.training_script_args]
-    extra = os.environ.get("README_TORCHRUN_EXTRA", "").split()
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc_per_node=1", "-m", "lze_trainer", *args, *extra]
-    return subprocess.run(command).returncode
+    return 0
 
 
 if __name__ == "__main__":

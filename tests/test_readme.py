@@ -1,29 +1,25 @@
-"""Every code block of the README runs, or is checked as far as this machine allows; how each one
-is treated is the list ``RULES`` in tests/readme_blocks.py. The README stays a front page: at most
-300 lines."""
+"""Every code block of the README runs as printed, or is checked as far as a CPU allows; how each
+one is treated is the list ``RULES`` in tests/readme_blocks.py. Where a run must be small (the
+slow tests), it adds only the lines the README itself gives for a small run. The README stays a
+front page: at most 320 lines."""
 
 import ast
+import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from readme_blocks import HUB_MODEL, README, ROOT, RULES, block, blocks, rule_of, run_bash
+from readme_blocks import README, ROOT, RULES, block, blocks, rule_of, run_bash
 
 TESTS = Path(__file__).resolve().parent
-# What the slow trainer run adds to the README's overrides: one CPU rank, Hugging Face generation,
-# two small steps, nothing written but the run folder.
-SHRINK = ("rollout.engine=hf trainer.device=cpu trainer.total_steps=2 trainer.batch_size=2 "
-          "rollout.n=4 rollout.max_new_tokens=8 trainer.eval_every=0 trainer.save_hf_model=false "
-          "trainer.progress_bar=false")
 
 
 def test_readme_is_a_front_page():
-    assert len(README.read_text().splitlines()) <= 300
+    assert len(README.read_text().splitlines()) <= 320
 
 
 def test_every_block_has_exactly_one_rule_and_every_rule_a_block():
@@ -35,17 +31,20 @@ def test_every_block_has_exactly_one_rule_and_every_rule_a_block():
 
 def scratch(tmp_path: Path) -> Path:
     """A folder holding what the quick starts create before the block under test."""
-    out = run_bash(block("prompts").text, cwd=tmp_path)
-    assert out.returncode == 0, out.stderr
+    subprocess.run([sys.executable, "-c", block("prompts").text], cwd=tmp_path, check=True)
     (tmp_path / "my_reward.py").write_text(block("reward").text)
     return tmp_path
 
 
 def environment(tmp_path: Path) -> dict:
-    """``python`` is this interpreter; the scratch folder is where my_reward.py is found."""
+    """``python`` and ``torchrun`` are this interpreter's; the scratch folder is where
+    my_reward.py is found."""
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-    return {"PATH": path, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(TESTS)]),
-            "TRITON_INTERPRET": "1"}
+    return {"PATH": path, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(TESTS)])}
+
+
+# A stand-in for torchrun that checks a launch instead of starting it (tests/readme_torchrun.py).
+CHECKING_TORCHRUN = f'torchrun() {{ python "{TESTS / "readme_torchrun.py"}" "$@"; }}\n'
 
 
 # ----------------------------------------------------------------------------- fast
@@ -62,12 +61,9 @@ def test_kernels_block_prints_what_its_comments_show(tmp_path, capsys, monkeypat
     assert (tmp_path / "selector.pt").exists()
 
 
-def test_prompts_block_writes_json_lines(tmp_path):
-    import json
-
-    rows = [json.loads(line) for line in (scratch(tmp_path) / "prompts.jsonl").read_text().split(
-        "\n") if line]
-    assert rows and all(set(r) == {"question", "answer"} for r in rows)
+def test_prompts_block_writes_enough_rows_for_the_trainer_block(tmp_path):
+    rows = [json.loads(line) for line in (scratch(tmp_path) / "prompts.jsonl").open()]
+    assert len(rows) == 1000 and all(set(r) == {"question", "answer"} for r in rows)
 
 
 def test_reward_block_is_a_reward_function(tmp_path, monkeypatch):
@@ -80,9 +76,10 @@ def test_reward_block_is_a_reward_function(tmp_path, monkeypatch):
     assert score("41", "42", "prompts.jsonl", {}) == 0.0
 
 
-def test_trl_block_compiles_and_names_what_exists():
+@pytest.mark.parametrize("name", ["trl", "trl-small"])
+def test_trl_blocks_compile_and_name_what_exists(name):
     pytest.importorskip("trl")
-    tree = ast.parse(block("trl").text)
+    tree = ast.parse(block(name).text)
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
             module = __import__(node.module, fromlist=[a.name for a in node.names])
@@ -90,14 +87,20 @@ def test_trl_block_compiles_and_names_what_exists():
 
 
 def test_trainer_block_runs_with_a_checking_torchrun(tmp_path):
-    """python runs for real (--print-config); each torchrun line is parsed and its config loaded
-    and validated for its world size."""
-    prelude = f'torchrun() {{ python "{TESTS / "readme_torchrun.py"}" "$@"; }}\n'
-    out = run_bash(prelude + block("trainer").text, cwd=scratch(tmp_path),
+    """python runs for real (--print-config); each torchrun line is parsed, its config loaded and
+    validated for its world size, and the prompts file found big enough for its batch."""
+    out = run_bash(CHECKING_TORCHRUN + block("trainer").text, cwd=scratch(tmp_path),
                    env=environment(tmp_path), timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert re.findall(r"^world=(\d+)$", out.stdout, re.M) == ["8", "16"]
     assert "reward:" in out.stdout and "my_reward:score" in out.stdout  # the printed config
+
+
+def test_checking_torchrun_refuses_a_batch_the_data_cannot_fill(tmp_path):
+    text = block("trainer").text.replace("trainer.batch_size=64", "trainer.batch_size=1024")
+    out = run_bash(CHECKING_TORCHRUN + text, cwd=scratch(tmp_path), env=environment(tmp_path),
+                   timeout=600)
+    assert out.returncode != 0 and "data.train has only 1000 rows" in out.stderr
 
 
 def test_verl_block_passes_the_selection_overrides():
@@ -112,27 +115,27 @@ def test_verl_block_passes_the_selection_overrides():
 def test_make_block_names_makefile_targets():
     targets = set(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), re.M))
     commands = [line.split("#")[0].split() for line in block("make").text.splitlines()]
-    assert [c[1] for c in commands if c] == ["demo", "test", "bench"]
+    assert [c[1] for c in commands if c] == ["demo", "test"]
     assert {c[1] for c in commands if c} <= targets
 
 
 # ----------------------------------------------------------------------------- slow
 
 
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory):
-    from lze_trainer import tiny_model
-
-    corpus = ["What is 17 + 25?", "42", "What is 9 * 8?", "72"] + [str(n) for n in range(100)]
-    spec = "tiny:qwen2?hidden=64&layers=1&heads=2&kv_heads=1&vocab=300&seed=0"
-    return tiny_model.build(spec, tmp_path_factory.mktemp("tiny"), corpus)
+def test_bibtex_entries_have_a_key_a_title_and_a_year():
+    entries = re.findall(r"^@(\w+)\{(\w+),\n(.*?)^\}$", block("bibtex").text, re.M | re.S)
+    assert entries
+    for kind, key, fields in entries:
+        assert re.search(r"^\s+title\s+=", fields, re.M) and re.search(r"^\s+year\s+=", fields, re.M)
 
 
 @pytest.mark.slow
-def test_trl_block_trains(tmp_path, tiny_model_dir):
+def test_trl_block_trains_with_the_small_run_lines(tmp_path):
     pytest.importorskip("trl")
-    text = block("trl").text.replace(HUB_MODEL, str(tiny_model_dir))
-    (scratch(tmp_path) / "trl_quick_start.py").write_text(text)
+    lines = block("trl").text.splitlines(keepends=True)
+    at = next(i for i, line in enumerate(lines) if line.startswith("trainer = "))
+    script = "".join(lines[:at]) + block("trl-small").text + "".join(lines[at:])
+    (scratch(tmp_path) / "trl_quick_start.py").write_text(script)
     out = subprocess.run([sys.executable, "trl_quick_start.py"], cwd=tmp_path,
                          env={**os.environ, **environment(tmp_path)}, capture_output=True,
                          text=True, timeout=600)
@@ -141,17 +144,14 @@ def test_trl_block_trains(tmp_path, tiny_model_dir):
 
 
 @pytest.mark.slow
-def test_trainer_block_trains_on_the_jsonl_with_the_reward_function(tmp_path, tiny_model_dir):
-    """The first torchrun line for real: one CPU rank, 2 small steps (SHRINK), the tiny model."""
-    prelude = (f'export README_TORCHRUN_RUN=1 README_TORCHRUN_MODEL="{tiny_model_dir}" '
-               f'README_TORCHRUN_EXTRA="{SHRINK}"\n'
-               f'torchrun() {{ python "{TESTS / "readme_torchrun.py"}" "$@"; '
-               f'unset README_TORCHRUN_RUN; }}\n')
-    out = run_bash(prelude + block("trainer").text, cwd=scratch(tmp_path),
-                   env=environment(tmp_path), timeout=900)
+def test_trainer_block_then_its_small_run_trains_two_steps(tmp_path):
+    """The trainer block as the fast test runs it, then the README's small-run block with the real
+    torchrun: two steps on one CPU rank that keep groups."""
+    script = (CHECKING_TORCHRUN + block("trainer").text + "unset -f torchrun\n"
+              + block("trainer-small").text)
+    out = run_bash(script, cwd=scratch(tmp_path), env=environment(tmp_path), timeout=900)
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
     from lze_trainer.metrics import read_jsonl
 
-    steps = read_jsonl(tmp_path / "runs" / "my-lze" / "metrics.jsonl")
-    assert [s["step"] for s in steps if "step" in s][-1] == 2
-    shutil.rmtree(tmp_path / "runs", ignore_errors=True)
+    steps = [s for s in read_jsonl(tmp_path / "runs" / "my-lze" / "metrics.jsonl") if "step" in s]
+    assert steps[-1]["step"] == 2 and any(s["sa/kept_ratio"] > 0 for s in steps[1:])
