@@ -109,13 +109,14 @@ test-gpu-emulated: setup
 	bash tools/emu_gcov.sh
 	bash tools/triton_coverage.sh
 
-# The GPU check (docs/gpu-check.md); on a single-GPU machine call `bash tools/gpu_check.sh`
-# directly (make may be missing there). This target only wraps it, with the machine's python3.
+# The GPU check (docs/gpu-check.md) on a machine with one GPU, its report in GPU_REPORT; where
+# make is missing, `bash tools/gpu_check.sh REPORT_DIR` directly. Runs with the machine's python3.
+GPU_REPORT ?= gpu-check-report
 test-gpu:
-	PYTHON=$(PYTHON) bash tools/gpu_check.sh
+	PYTHON=$(PYTHON) bash tools/gpu_check.sh $(GPU_REPORT)
 
-# Here, with PyPI: the wheels the GPU machine lacks (CPython 3.12 manylinux x86_64) into the
-# ignored wheels/, copied there with the tree; fails over the travel budget.
+# With PyPI: the wheels a GPU machine's Python 3.12 lacks for the GPU check (CPython 3.12
+# manylinux x86_64), into the ignored wheels/, to copy there with the tree; fails over the budget.
 gpu-wheels: setup
 	bash tools/gpu_wheels.sh wheels
 

@@ -1,9 +1,9 @@
-"""The CPU-runnable parts of the GPU check (tools/gpu_check.py, `bash tools/gpu_check.sh` on a
-GPU machine with no network): arguments, what is copied to it against its budget, the wheels against
-the image's packages, the install's paths and environment (the installed package wins, compiled
-Triton), the report after each stage, the benchmark harness and its floors, the verl-style
-vectorised baseline, the memory arithmetic, the trainer stage's model, and a dry run of the whole
-script with the device's layout (read-only tree, $OUT, no network)."""
+"""The CPU-runnable parts of the GPU check (tools/gpu_check.py, `bash tools/gpu_check.sh REPORT_DIR`
+on a machine with one GPU and no network): arguments, what is copied to it against its budget, the
+wheels against the preinstalled packages, the install's paths and environment (the installed
+package wins, compiled Triton), the report after each stage, the benchmark harness and its floors,
+the verl-style vectorised baseline, the memory arithmetic, the trainer stage's model, and a dry run
+of the whole script as a GPU machine would run it (read-only tree, a report folder, no network)."""
 
 import importlib.metadata as md
 import json
@@ -48,11 +48,14 @@ def test_cap_scale(monkeypatch):
 
 
 def test_check_arguments():
-    args = gpu_check.parse_args(["check", "--stages", "bench,trainer", "--batches", "256,65536"])
+    args = gpu_check.parse_args(["check", "--report", "r", "--stages", "bench,trainer",
+                                 "--batches", "256,65536"])
     assert args.stages == ["bench", "trainer"] and args.batches == [256, 65536]
-    default = gpu_check.parse_args(["check"])
+    default = gpu_check.parse_args(["check", "--report", "r"])
     assert default.stages == list(gpu_check.STAGES) and default.budget == gpu_check.BUDGET_S
-    assert default.work == Path("/tmp/gpu_check")  # outside the tree and outside $OUT
+    assert default.work == Path("/tmp/gpu_check") and default.report == Path("r")
+    with pytest.raises(SystemExit):
+        gpu_check.parse_args(["check"])  # the report folder is always named
 
 
 def test_stage_plan_fits_the_budget():
@@ -71,7 +74,7 @@ def test_stage_plan_fits_the_budget():
                                   ["check", "--batches", "0"]])
 def test_bad_arguments_exit_with_usage(argv, capsys):
     with pytest.raises(SystemExit) as exc:
-        gpu_check.parse_args(argv)
+        gpu_check.parse_args([*argv, "--report", "r"])
     assert exc.value.code == 2
     assert argv[1] in capsys.readouterr().err
 
@@ -182,7 +185,6 @@ def _results():
     return {"schema": 1, "started_utc": "2026-12-01 10:00", "budget_s": 360, "elapsed_s": 290.5,
             "stages": {
                 "preflight": {"status": "passed", "cuda_available": True, "mismatches": [],
-                              "runtime": "firecracker", "kernel": "6.18.44-fc-v310-gpu",
                               "device": {"name": "NVIDIA H100 80GB HBM3", "driver": "580.159.04",
                                          "memory_mib": "81559"},
                               "versions": {"python": "3.12.3", "torch": "2.11.0", "triton": "3.6.0",
@@ -196,7 +198,7 @@ def _results():
                             "steps": [{"step": 1, "timing_s/step": 1.5}]},
                 "bench": {"status": "passed", "device": "NVIDIA H100", "rows": rows,
                           "floors": floors, "dots": dots},
-                "sanitizer": {"status": "skipped", "reason": "gVisor: compute-sanitizer ..."},
+                "sanitizer": {"status": "skipped", "reason": "compute-sanitizer ..."},
                 "memory": {"status": "passed", "peak_gib": 60.0, "shape": "h1536",
                            "predicted_gib": {"model states": 20.0, "total": 50.0}},
                 "peer": {"status": "passed", "trl_step_s": 2.0, "lze_step_s": 0.5, "ratio": 0.25,
@@ -226,7 +228,6 @@ def test_results_markdown_and_goals(tmp_path):
     """docs/gpu-results.md from a fake run: machine, every stage, every figure, each goal."""
     text = gpu_report.render(_results())
     assert "| device | NVIDIA H100 80GB HBM3 (81559 MiB) |" in text
-    assert "| runtime | firecracker (kernel 6.18.44-fc-v310-gpu) |" in text
     assert "| python / torch / triton | 3.12.3 / 2.11.0 / 3.6.0 |" in text
     assert "| trainer | failed |  | RuntimeError: boom |" in text
     assert "| 65,536 | 8.0 (2, 0) | 30.0 (2, 0) | 200.0 (40, 0) | 10.0 (6, 0) | 1000.0 (60, 3) " \
@@ -457,18 +458,11 @@ def test_stage_environment_puts_the_installed_package_first(tmp_path):
         assert out == [str(fake / "__init__.py"), "0"]
 
 
-def test_runtime_from_kernel_release():
-    assert gpu_check.runtime("4.4.0") == "gvisor"
-    assert gpu_check.runtime("6.18.44-fc-v310-gpu") == "firecracker"
-    assert gpu_check.runtime("6.1.0-13-amd64") == "other"
-
-
-def test_check_writes_the_report_to_out_after_the_preflight(tmp_path, monkeypatch):
-    """One real stage (the preflight) through the parent: versions against the expected ones, the report
-    in $OUT; on this CPU machine the CUDA stages are skipped with the reason."""
-    monkeypatch.setenv("OUT", str(tmp_path / "out"))
-    code = gpu_check.main(["check", "--work", str(tmp_path / "work"), "--stages",
-                           "preflight,kernels"])
+def test_check_writes_the_report_folder_after_the_preflight(tmp_path):
+    """One real stage (the preflight) through the parent: versions against the expected ones, the
+    report in the named folder; without a GPU the CUDA stages are skipped with the reason."""
+    code = gpu_check.main(["check", "--work", str(tmp_path / "work"), "--report",
+                           str(tmp_path / "out"), "--stages", "preflight,kernels"])
     assert code == 1  # no GPU here
     result = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
     pre = result["stages"]["preflight"]
@@ -526,22 +520,23 @@ def _read_only_copy(dest: Path) -> Path:
 
 @pytest.mark.slow
 def test_dry_run_of_the_whole_script_with_the_device_layout(tmp_path):
-    """bash tools/gpu_check.sh from a read-only copy of what travels, $OUT an empty folder, the
-    work folder elsewhere, no network (PIP_NO_INDEX), a wheels folder with one pure wheel: every
-    stage ends with a status, the CUDA ones skipped here with the reason, the package built from
-    the copy and imported from the site folder, and the report files in $OUT."""
+    """bash tools/gpu_check.sh REPORT_DIR from a read-only copy of what travels, the report folder
+    empty, the work folder elsewhere, no network (PIP_NO_INDEX), a wheels folder with one pure
+    wheel: every stage ends with a status, the CUDA ones skipped here with the reason, the package
+    built from the copy and imported from the site folder, and the report files in the report
+    folder."""
     tree = _read_only_copy(tmp_path / "tree")
     out, work = tmp_path / "out", tmp_path / "work"
     out.mkdir()
     _fake_wheel(tmp_path / "wheels")
-    env = {**os.environ, "OUT": str(out), "GPU_CHECK_DIR": str(work), "PIP_NO_INDEX": "1",
+    env = {**os.environ, "GPU_CHECK_DIR": str(work), "PIP_NO_INDEX": "1",
            "WHEELS": str(tmp_path / "wheels"), "PYTHON": sys.executable,
            "PIP_CONSTRAINT": "",
            # the device's caps assume 16 cores; CI has 2, maybe busy
            "GPU_CHECK_CAP_SCALE": "5", "GPU_CHECK_BUDGET_S": "1500"}
     try:
         begin = time.monotonic()
-        proc = subprocess.run(["bash", "tools/gpu_check.sh"], cwd=tree, env=env,
+        proc = subprocess.run(["bash", "tools/gpu_check.sh", str(out)], cwd=tree, env=env,
                               capture_output=True, text=True, timeout=1600)
         seconds = time.monotonic() - begin
     finally:

@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
-# The GPU check (docs/gpu-check.md) on a single-GPU machine with no network, run from a copy of the tree:
-#   bash tools/gpu_check.sh [--stages preflight,install,kernels,...] [--batches ...]
+# The GPU check (docs/gpu-check.md) on a machine with one GPU; no network needed:
+#   bash tools/gpu_check.sh REPORT_DIR [--stages preflight,install,kernels,...] [--batches ...]
 # Works in $GPU_CHECK_DIR (default /tmp/gpu_check; the tree may be read-only and is never
-# written to), installs wheels/ (copied with the tree) and builds this package there, then runs
-# every stage of tools/gpu_check.py within GPU_CHECK_BUDGET_S seconds (default 360) counted from
-# this script's start. The report files (gpu_check.json, gpu_check.md, logs) are copied to $OUT
-# after every stage ($OUT unset: $GPU_CHECK_DIR/report). No network, no make needed.
+# written to), installs wheels/ and builds this package there, then runs every stage of
+# tools/gpu_check.py within GPU_CHECK_BUDGET_S seconds (default 360) counted from this script's
+# start. The report files (gpu_check.json, gpu_check.md, logs) are written to REPORT_DIR after
+# every stage. No make needed.
 set -uo pipefail
+if [ $# -lt 1 ] || [[ $1 == -* ]]; then
+  echo "usage: bash tools/gpu_check.sh REPORT_DIR [--stages ...] [--batches ...]" >&2
+  exit 2
+fi
+mkdir -p "$1" && REPORT=$(cd "$1" && pwd) && shift || exit 2
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 WORK=${GPU_CHECK_DIR:-/tmp/gpu_check}
@@ -19,8 +24,8 @@ if [ -z "${CUDACXX:-}" ] && command -v nvcc >/dev/null; then
   export CUDACXX=$(command -v nvcc)
 fi
 exec > >(tee "$WORK/console.log") 2>&1
-echo "gpu_check: $(date -u +%FT%TZ) work=$WORK out=${OUT:-unset} python=$("$PYTHON" -c 'import sys; print(sys.executable)') CUDACXX=${CUDACXX:-none}"
-"$PYTHON" tools/gpu_check.py check --work "$WORK" --budget $((BUDGET - SECONDS)) \
+echo "gpu_check: $(date -u +%FT%TZ) work=$WORK report=$REPORT python=$("$PYTHON" -c 'import sys; print(sys.executable)') CUDACXX=${CUDACXX:-none}"
+"$PYTHON" tools/gpu_check.py check --work "$WORK" --report "$REPORT" --budget $((BUDGET - SECONDS)) \
   ${WHEELS:+--wheels "$WHEELS"} "$@"
 code=$?
 sleep 0.2  # let tee write the last lines

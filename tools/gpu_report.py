@@ -140,7 +140,6 @@ def _machine(results: dict, pre: dict) -> list[str]:
             f"| date (UTC) | {results.get('started_utc', '?')} |",
             f"| device | {device.get('name', '?')} ({device.get('memory_mib', '?')} MiB) |",
             f"| driver | {device.get('driver', '?')} |",
-            f"| runtime | {pre.get('runtime', '?')} (kernel {pre.get('kernel', '?')}) |",
             f"| python / torch / triton | {versions.get('python', '?')} / "
             f"{versions.get('torch', '?')} / {versions.get('triton', '?')} |",
             f"| transformers / nvcc | {versions.get('transformers', '?')} / "
