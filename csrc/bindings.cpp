@@ -17,6 +17,10 @@
 #error "define LZE_BIND_CPU or LZE_BIND_CUDA"
 #endif
 
+#if defined(LZE_CUDA_EMULATION)
+extern "C" uint64_t lze_emu_take_row_reads();  // csrc/emu/emu_kernels.cpp
+#endif
+
 namespace py = pybind11;
 
 namespace {
@@ -31,14 +35,12 @@ T* as_ptr(std::uintptr_t address) {
 #if defined(LZE_BIND_CPU)
 using LaunchArg = std::pair<int32_t, bool>;
 #define LZE_STEP lze_step_cpu
-#define LZE_TOPK lze_topk_cpu
 lze::ThreadBudget launch_arg(LaunchArg budget) {
   return lze::ThreadBudget{budget.first, budget.second ? 1 : 0};
 }
 #else
 using LaunchArg = std::uintptr_t;
 #define LZE_STEP lze_step_cuda
-#define LZE_TOPK lze_topk_cuda
 void* launch_arg(LaunchArg stream) { return as_ptr<void>(stream); }
 #endif
 
@@ -62,13 +64,25 @@ int step(std::uintptr_t rewards, int32_t rewards_dtype, std::uintptr_t valid,
                   as_ptr<float>(momentum), as_ptr<int32_t>(fault), params, launch_arg(launch));
 }
 
+#if defined(LZE_BIND_CPU)
 int topk(std::uintptr_t energy, int64_t B, int64_t k, float noise_scale, uint32_t seed,
          std::uintptr_t step_counter, std::uintptr_t keep_mask, std::uintptr_t kept_indices,
          std::uintptr_t num_kept, LaunchArg launch) {
-  return LZE_TOPK(as_ptr<const float>(energy), B, k, noise_scale, seed,
-                  as_ptr<const int64_t>(step_counter), as_ptr<uint8_t>(keep_mask),
-                  as_ptr<int64_t>(kept_indices), as_ptr<int64_t>(num_kept), launch_arg(launch));
+  return lze_topk_cpu(as_ptr<const float>(energy), B, k, noise_scale, seed,
+                      as_ptr<const int64_t>(step_counter), as_ptr<uint8_t>(keep_mask),
+                      as_ptr<int64_t>(kept_indices), as_ptr<int64_t>(num_kept),
+                      launch_arg(launch));
 }
+#else
+int topk(std::uintptr_t energy, int64_t B, int64_t k, float noise_scale, uint32_t seed,
+         std::uintptr_t step_counter, std::uintptr_t keep_mask, std::uintptr_t kept_indices,
+         std::uintptr_t num_kept, std::uintptr_t workspace, LaunchArg launch) {
+  return lze_topk_cuda(as_ptr<const float>(energy), B, k, noise_scale, seed,
+                       as_ptr<const int64_t>(step_counter), as_ptr<uint8_t>(keep_mask),
+                       as_ptr<int64_t>(kept_indices), as_ptr<int64_t>(num_kept),
+                       as_ptr<void>(workspace), launch_arg(launch));
+}
+#endif
 
 #if defined(LZE_BIND_CPU)
 int predict(std::uintptr_t queries, std::uintptr_t refs, std::uintptr_t labels, int64_t N,
@@ -87,6 +101,14 @@ PYBIND11_MODULE(LZE_MODULE_NAME, m) {
         "Fused statistics, advantages, energy and state update; returns an error code.");
   m.def("topk", &topk, py::call_guard<py::gil_scoped_release>(),
         "Fixed-shape top-k selection by energy with optional Gumbel noise; returns an error code.");
+#if defined(LZE_BIND_CUDA)
+  m.def("topk_workspace_bytes", &lze_topk_cuda_workspace_bytes,
+        "Bytes of the device workspace topk needs for a batch of B rows (0: none).");
+#endif
+#if defined(LZE_CUDA_EMULATION)
+  m.def("row_reads", &lze_emu_take_row_reads,
+        "Reads of per-row input the kernels counted since the last call (then reset to 0).");
+#endif
 #if defined(LZE_BIND_CPU)
   m.def("predict", &predict, py::call_guard<py::gil_scoped_release>(),
         "DOTS pass-rate prediction (fused scores, online softmax, weighted sum); returns an "

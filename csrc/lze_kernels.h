@@ -39,7 +39,7 @@ int lze_step_cpu(const void* rewards, int32_t rewards_dtype, const uint8_t* vali
 
 // Top-k of rows by energy (docs/spec.md §4). Candidates are rows with energy > 0. With noise_scale > 0
 // each candidate's score gets Gumbel noise keyed by (seed, step_counter[0], row).
-// Writes keep_mask [B] (uint8 0/1), kept_indices [k] int64 (descending score, -1 padded) and
+// Writes keep_mask [B] (uint8 0/1), kept_indices [k] int64 (ascending row order, -1 padded) and
 // num_kept [1] int64 = min(k, #candidates). Requires 1 <= k <= B.
 int lze_topk_cpu(const float* energy, int64_t B, int64_t k, float noise_scale, uint32_t seed,
                  const int64_t* step_counter, uint8_t* keep_mask, int64_t* kept_indices,

@@ -245,14 +245,22 @@ LZE_HD float gumbel_scale(float noise_scale, float max_e, float min_e) {
   return noise_scale * fmaxf(max_e - min_e, 0.01f);
 }
 
-// 64-bit ordering key of a candidate: monotone float bits of the score in the high word, the
-// inverted batch position in the low word, so a larger key is a larger score and, for equal
-// scores, the smaller position. Non-candidates have key 0, below every candidate key.
-LZE_HD uint64_t selection_key(float score, int64_t row) {
+// The bits of a float as an unsigned integer in the same order: negative floats have their bits
+// flipped, the others their sign bit set, so a < b as floats iff ordered(a) < ordered(b). It is
+// never 0 for a non-NaN score (0 would be the NaN 0xFFFFFFFF), so the top-k kernels use 0 for
+// "not a candidate".
+LZE_HD uint32_t ordered_score_bits(float score) {
   union { float f; uint32_t u; } v;
   v.f = score;
-  const uint32_t ordered = (v.u & 0x80000000u) ? ~v.u : (v.u | 0x80000000u);
-  return (static_cast<uint64_t>(ordered) << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(row));
+  return (v.u & 0x80000000u) ? ~v.u : (v.u | 0x80000000u);
+}
+
+// 64-bit ordering key of a candidate: the ordered score bits in the high word, the inverted
+// batch position in the low word, so a larger key is a larger score and, for equal scores, the
+// smaller position. Non-candidates have key 0, below every candidate key.
+LZE_HD uint64_t selection_key(float score, int64_t row) {
+  return (static_cast<uint64_t>(ordered_score_bits(score)) << 32) |
+         (0xFFFFFFFFu - static_cast<uint32_t>(row));
 }
 
 // e^x for x <= 0, within 2 ulp for x in [-87, 0] and 0 below (so e^-inf = 0; NaN gives 0

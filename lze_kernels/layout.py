@@ -25,8 +25,9 @@ FAULT_DUPLICATE_ID = 2
 FAULT_NONFINITE_REWARD = 4
 FAULT_REWARD_OUT_OF_RANGE = 8
 
+# Templates: {num_prompts} is filled in where the state is known.
 FAULT_MESSAGES = {
-    FAULT_ID_OUT_OF_RANGE: "prompt_ids: expected every id in [0, num_prompts)",
+    FAULT_ID_OUT_OF_RANGE: "prompt_ids: expected every id in [0, {num_prompts})",
     FAULT_DUPLICATE_ID: "prompt_ids: expected distinct ids within one step",
     FAULT_NONFINITE_REWARD: "rewards: expected finite values (found NaN or inf)",
     FAULT_REWARD_OUT_OF_RANGE: "rewards: expected values in [0, 1]",
@@ -99,3 +100,26 @@ class SelectorState:
     @property
     def num_prompts(self) -> int:
         return self.fstate.shape[0] - 1
+
+    def rows_of(self, prompt_ids: torch.Tensor) -> "StateRows":
+        """A copy of the state rows a step over ``prompt_ids`` may write (ids outside [0, N)
+        read the spare row N, which the torch reference writes for them), so that
+        :meth:`restore` can undo the step. Three launches, no sync."""
+        ids = prompt_ids.clamp(0, self.num_prompts)
+        return StateRows(ids, self.fstate.index_select(0, ids), self.istate.index_select(0, ids))
+
+    def restore(self, rows: "StateRows") -> None:
+        """Undo the one step taken since :meth:`rows_of`: its state rows, and the step counter,
+        which every step advances by one."""
+        self.fstate.index_copy_(0, rows.ids, rows.fstate)
+        self.istate.index_copy_(0, rows.ids, rows.istate)
+        self.step_counter[0] -= 1
+
+
+@dataclass(frozen=True)
+class StateRows:
+    """State rows copied before a step (:meth:`SelectorState.rows_of`)."""
+
+    ids: torch.Tensor  # [B] int64 rows of the tables, in [0, N]
+    fstate: torch.Tensor  # [B, 4] float32
+    istate: torch.Tensor  # [B, 4] int32

@@ -206,10 +206,12 @@ class NativeBackend:
         ) -> tuple[Tensor, Tensor, Tensor]:
             outputs = _empty_topk_outputs(energy, k)
             keep_mask, kept, num_kept = outputs
+            workspace = self._topk_workspace(energy)  # alive until the launches are queued
             status = self.module.topk(
                 energy.data_ptr(), energy.shape[0], k, noise_scale, seed,
                 step_counter.data_ptr(), keep_mask.data_ptr(), kept.data_ptr(),
-                num_kept.data_ptr(), self._launch_arg(energy.device),
+                num_kept.data_ptr(), *(() if workspace is None else (workspace.data_ptr(),)),
+                self._launch_arg(energy.device),
             )
             _check_status(status, f"topk ({self.name})")
             return outputs
@@ -219,6 +221,17 @@ class NativeBackend:
             return _empty_topk_outputs(energy, k)
 
         return topk_op
+
+    def _topk_workspace(self, energy: Tensor) -> Optional[Tensor]:
+        """The CUDA top-k's scratch buffer (csrc/cuda/lze_topk.cu; None for modules without
+        one). Allocated per call from torch's caching allocator, so CUDA graphs capture it and
+        concurrent streams never share it; its contents need no initialisation. The caller
+        holds it until the launches are queued: once freed, the allocator hands the buffer out
+        again only behind them on this stream."""
+        if not hasattr(self.module, "topk_workspace_bytes"):
+            return None
+        nbytes = self.module.topk_workspace_bytes(energy.shape[0])
+        return torch.empty(nbytes, dtype=torch.uint8, device=energy.device)
 
     def _define_predict_op(self):
         @torch.library.custom_op(

@@ -99,17 +99,23 @@ def lze_update(rewards: torch.Tensor, prompt_ids: torch.Tensor, state: SelectorS
 
 
 def topk_mask(energy: torch.Tensor, k: int, noise_scale: float = 0.0, seed: int = 0,
-              step: Optional[torch.Tensor] = None, backend: str = "auto") -> Selection:
+              step: Optional[torch.Tensor] = None, backend: str = "auto",
+              sorted: bool = False) -> Selection:
     """Fixed-shape top-k of groups by energy (docs/spec.md §4); groups with E = 0 never fill
     the quota.
 
     ``energy [B]`` fp32 (``lze_update``'s), ``k`` in [1, B], ``noise_scale >= 0``, ``seed`` in
     [0, 2**32). ``step`` is an int64 tensor on ``energy``'s device whose first element keys the
-    noise stream with ``seed`` (e.g. ``state.step_counter``); default 0."""
+    noise stream with ``seed`` (e.g. ``state.step_counter``); default 0. ``kept_indices`` lists
+    the kept groups in ascending batch position, or by descending score with ``sorted=True``
+    (O(B) more work and a sort of k keys)."""
     validation.check_topk(energy, k, noise_scale, seed, step)
     if step is None:
         step = torch.zeros(1, dtype=torch.int64, device=energy.device)
-    return dispatch.resolve(backend, energy.device).topk(energy, k, noise_scale, seed, step)
+    selection = dispatch.resolve(backend, energy.device).topk(energy, k, noise_scale, seed, step)
+    if sorted:
+        selection = reference.sort_by_score(selection, energy, noise_scale, seed, step[0])
+    return selection
 
 
 def allocate_rollouts_by_score(scores: torch.Tensor, total: int, tau: float = 0.2,

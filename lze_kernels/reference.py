@@ -45,7 +45,7 @@ class Selection(NamedTuple):
     """Fixed-shape top-k selection (docs/spec.md §4)."""
 
     keep_mask: torch.Tensor  # [B] bool
-    kept_indices: torch.Tensor  # [k] int64, descending score, -1 padded
+    kept_indices: torch.Tensor  # [k] int64, ascending batch position, -1 padded
     num_kept: torch.Tensor  # 0-dim int64
 
 
@@ -268,16 +268,40 @@ def topk_select(
     energy: torch.Tensor, k: int, noise_scale: float = 0.0, seed: int = 0,
     step: Optional[torch.Tensor] = None,
 ) -> Selection:
-    """Keep the k highest-scoring candidates; ties go to the smaller batch position."""
-    if step is None:
-        step = torch.zeros((), dtype=torch.int64, device=energy.device)
+    """Keep the k highest-scoring candidates; ties go to the smaller batch position.
+    ``kept_indices`` lists the kept rows in ascending batch position (docs/spec.md §4)."""
+    step = _step_or_zero(step, energy.device)
     score = selection_scores(energy, noise_scale, seed, step)
-    order = torch.sort(score, descending=True, stable=True).indices[:k]
+    best = torch.sort(score, descending=True, stable=True).indices[:k]
     num_kept = torch.clamp_max((energy > 0).sum(), k)
     in_quota = torch.arange(k, device=energy.device) < num_kept
-    kept_indices = torch.where(in_quota, order, -1)
-    keep_mask = torch.zeros_like(energy, dtype=torch.bool).scatter(0, order, in_quota)
-    return Selection(keep_mask, kept_indices, num_kept)
+    keep_mask = torch.zeros_like(energy, dtype=torch.bool).scatter(0, best, in_quota)
+    return Selection(keep_mask, kept_rows(keep_mask, k), num_kept)
+
+
+def kept_rows(keep_mask: torch.Tensor, k: int) -> torch.Tensor:
+    """[k] int64: the positions of ``keep_mask``'s true entries (at most k) in ascending order,
+    padded with -1."""
+    batch = keep_mask.shape[0]
+    positions = torch.where(keep_mask, torch.arange(batch, device=keep_mask.device), batch)
+    first = torch.sort(positions).values[:k]
+    return torch.where(first < batch, first, -1)
+
+
+def sort_by_score(selection: Selection, energy: torch.Tensor, noise_scale: float = 0.0,
+                  seed: int = 0, step: Optional[torch.Tensor] = None) -> Selection:
+    """The same selection with ``kept_indices`` in descending score order (ties to the smaller
+    batch position, the -1 padding last), as ``topk_mask(..., sorted=True)`` returns it: the
+    scores again (O(B) elementwise) and a stable sort of the k kept ones."""
+    score = selection_scores(energy, noise_scale, seed, _step_or_zero(step, energy.device))
+    rows = selection.kept_indices
+    kept_score = torch.where(rows >= 0, score[rows.clamp_min(0)], float("-inf"))
+    order = torch.sort(kept_score, descending=True, stable=True).indices
+    return Selection(selection.keep_mask, rows[order], selection.num_kept)
+
+
+def _step_or_zero(step: Optional[torch.Tensor], device) -> torch.Tensor:
+    return torch.zeros((), dtype=torch.int64, device=device) if step is None else step
 
 
 # ----------------------------------------------------------------------------- forward pruner

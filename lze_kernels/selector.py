@@ -31,7 +31,7 @@ class StepOutput:
     energy: torch.Tensor  # [B] fp32
     momentum: torch.Tensor  # [B] fp32
     keep_mask: torch.Tensor  # [B] bool
-    kept_indices: torch.Tensor  # [k] int64, descending score, -1 padded
+    kept_indices: torch.Tensor  # [k] int64, ascending batch position, -1 padded
     num_kept: torch.Tensor  # 0-dim int64 = min(k, #groups with E > 0)
 
 
@@ -73,26 +73,45 @@ class LZESelector:
     # ------------------------------------------------------------------------- training step
 
     def step(self, rewards: torch.Tensor, prompt_ids: torch.Tensor,
-             valid: Optional[torch.Tensor] = None, *, check_inputs: bool = True) -> StepOutput:
+             valid: Optional[torch.Tensor] = None, *, check_inputs: bool = True,
+             sorted: bool = False) -> StepOutput:
         """Score one batch of prompt groups, update their state and select the top-k groups.
 
         ``rewards`` [B, G] float in [0, 1], ``prompt_ids`` [B] int64 distinct ids in [0, N),
-        ``valid`` [B, G] bool for ragged groups. ``check_inputs=True`` checks values on the host
-        (it synchronises); with ``False`` the step is sync-free and bad rows are skipped on the
-        device and reported by the next checked call or :meth:`raise_if_faulted`. A failed check
-        raises ``ValueError`` and leaves the state unchanged.
+        ``valid`` [B, G] bool for ragged groups. The kernels check the values on the device and
+        skip bad rows (docs/kernels.md, "Checks"). ``check_inputs=True`` reads their verdict
+        once after the step, its one host sync: on bad input it undoes the step (the state is
+        as before) and raises ``ValueError``, as it does for faults of earlier unchecked steps.
+        With ``False`` the step is sync-free and bad rows are reported by the next checked call
+        or :meth:`raise_if_faulted`.
+
+        ``kept_indices`` lists the kept groups in ascending batch position; ``sorted=True``
+        orders them by descending score instead (docs/spec.md §4: O(B) more work and a sort of
+        k keys).
         """
         validation.check_step_structure(rewards, prompt_ids, valid, self.device,
                                         self.num_prompts)
-        if check_inputs:
-            self.raise_if_faulted()
-            validation.check_step_values(rewards, prompt_ids, valid, self.num_prompts)
+        rows_before = self.state.rows_of(prompt_ids) if check_inputs else None
         stats = self._backend.step(rewards, valid, prompt_ids, self.state, self._params)
         selection = self._backend.topk(
             stats.energy, self.config.num_keep(rewards.shape[0]), self.config.noise_scale,
             self.config.seed, self.state.step_counter,
         )
+        if rows_before is not None:
+            self._undo_and_raise_if_faulted(rows_before)
+        if sorted:
+            selection = reference.sort_by_score(selection, stats.energy, self.config.noise_scale,
+                                                self.config.seed, self.state.step_counter[0])
         return StepOutput(*stats, *selection)
+
+    def _undo_and_raise_if_faulted(self, rows_before: L.StateRows) -> None:
+        """A checked step's one host sync: on a fault, restore the state as it was before the
+        step, clear the fault word and raise."""
+        bits = int(self.state.fault[0])
+        if bits:
+            self.state.restore(rows_before)
+            self.state.fault.zero_()
+            validation.raise_for_faults(bits, self.num_prompts, checked=True)
 
     def raise_if_faulted(self) -> None:
         """Raise (and clear) the faults that unchecked steps recorded on the device. Syncs."""

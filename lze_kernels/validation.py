@@ -3,10 +3,12 @@
 Two tiers. The structural checks (``check_*_structure``, :func:`check_state`, :func:`check_topk`
 and the DOTS checks) read only tensor metadata (shape, dtype, device, contiguity) and host
 scalars, cost no device sync and always run before a kernel gets a raw pointer: every public op
-and the selector call them. :func:`check_step_values` reads values (id range, distinct ids,
-finite rewards in [0, 1]) and so synchronises; it runs when ``check_inputs=True``. With value
-checks off, the kernels detect the same faults on the device, skip the bad rows and record fault
-bits in ``state.fault`` that :func:`raise_if_faulted` turns into the same errors later.
+and the selector call them. Values (id range, distinct ids, finite rewards in [0, 1]) are checked
+by the kernels themselves, on the device: they skip a bad row and record its fault bits in
+``state.fault``. A checked selector step reads that word once after the step (its one sync) and
+undoes the step on a fault (``LZESelector.step``); :func:`raise_if_faulted` turns the faults of
+unchecked steps into the same errors later. :func:`check_prompt_id_values` checks ids on the
+host for the calls that have no kernel (pruner, rollout budget).
 """
 
 from __future__ import annotations
@@ -149,27 +151,17 @@ def check_prompt_id_values(prompt_ids: torch.Tensor, num_prompts: int, distinct:
         _fail("prompt_ids", "distinct ids within one step", "duplicates")
 
 
-def check_step_values(rewards, prompt_ids, valid, num_prompts: int) -> None:
-    """Value checks of one step's inputs. Synchronises (used when ``check_inputs=True``)."""
-    check_prompt_id_values(prompt_ids, num_prompts, distinct=True)
-    r = rewards.float()
-    if valid is not None:
-        r = torch.where(valid, r, 0.0)  # padded entries may hold anything
-    if not bool(torch.isfinite(r).all()):
-        _fail("rewards", "finite values", "NaN or inf")
-    if bool(((r < 0) | (r > 1)).any()):
-        low, high = float(r.min()), float(r.max())
-        _fail("rewards", "values in [0, 1]", f"values in [{low}, {high}]")
-
-
-def raise_for_faults(fault_bits: int) -> None:
-    """Raise the error of the fault bits the kernels recorded (no-op for 0)."""
+def raise_for_faults(fault_bits: int, num_prompts: int, checked: bool = False) -> None:
+    """Raise the error of the fault bits the kernels recorded (no-op for 0). ``checked``: the
+    faults of a checked step, which was undone."""
     if fault_bits:
-        problems = "; ".join(msg for bit, msg in L.FAULT_MESSAGES.items() if fault_bits & bit)
-        raise ValueError(
-            f"a step run without value checks (check_inputs=False, or ops.lze_update) skipped "
-            f"rows with bad input: {problems}"
-        )
+        problems = "; ".join(msg.format(num_prompts=num_prompts)
+                             for bit, msg in L.FAULT_MESSAGES.items() if fault_bits & bit)
+        context = ("found by this checked step or an earlier unchecked one; this step was "
+                   "undone, the state is as before" if checked else
+                   "rows skipped by a step run without value checks: check_inputs=False, or "
+                   "ops.lze_update")
+        raise ValueError(f"{problems} ({context})")
 
 
 def raise_if_faulted(state: L.SelectorState) -> None:
@@ -179,7 +171,7 @@ def raise_if_faulted(state: L.SelectorState) -> None:
     bits = int(state.fault[0])
     if bits:
         state.fault.zero_()
-        raise_for_faults(bits)
+        raise_for_faults(bits, state.num_prompts)
 
 
 def check_rollout_budget(batch: int, total, tau, n_min, n_max) -> None:

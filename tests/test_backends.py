@@ -163,8 +163,8 @@ def test_continuous_rewards_and_low_precision(backend_name, dtype, params):
 
 
 @pytest.mark.parametrize("backend_name", BACKENDS)
-# 128 and 129 straddle one and two blocks of the CUDA top-k; 4099 a partial last block.
-@pytest.mark.parametrize("batch", [1, 5, 128, 129, 1000, 4099])
+# One-block plan of the GPU top-k, across its warps and the Triton tile sizes (1,024 / 4,096).
+@pytest.mark.parametrize("batch", [1, 5, 128, 129, 1000, 1025, 4099])
 @pytest.mark.parametrize("noise_scale", [0.0, 0.05, 1.0])
 def test_topk_with_ties_and_zeros(backend_name, batch, noise_scale):
     skip_if_too_big(backend_name, batch)

@@ -106,11 +106,31 @@ def test_replay_draw_rate_and_determinism():
 def test_topk_ties_go_to_smaller_position_and_zero_never_fills():
     energy = torch.tensor([0.5, 0.0, 0.5, 0.2, 0.5, 0.0])
     sel = R.topk_select(energy, 5)
-    assert sel.kept_indices.tolist() == [0, 2, 4, 3, -1]
+    assert sel.kept_indices.tolist() == [0, 2, 3, 4, -1]  # batch order
     assert sel.num_kept.item() == 4
     assert sel.keep_mask.tolist() == [True, False, True, True, True, False]
+    assert R.sort_by_score(sel, energy).kept_indices.tolist() == [0, 2, 4, 3, -1]
     sel = R.topk_select(energy, 2)
     assert sel.kept_indices.tolist() == [0, 2]
+
+
+def test_kept_rows_are_the_mask_in_batch_order_padded():
+    mask = torch.tensor([False, True, True, False, True])
+    assert R.kept_rows(mask, 5).tolist() == [1, 2, 4, -1, -1]
+    assert R.kept_rows(mask, 3).tolist() == [1, 2, 4]
+    assert R.kept_rows(torch.zeros(3, dtype=torch.bool), 2).tolist() == [-1, -1]
+
+
+def test_sort_by_score_orders_the_kept_rows_by_noisy_score():
+    energy = torch.rand(300) * (torch.rand(300) > 0.2)
+    step = torch.tensor(7)
+    sel = R.topk_select(energy, 120, 0.3, seed=5, step=step)
+    ordered = R.sort_by_score(sel, energy, 0.3, seed=5, step=step)
+    score = R.selection_scores(energy, 0.3, 5, step)
+    expected = torch.sort(score, descending=True, stable=True).indices[:sel.num_kept]
+    assert torch.equal(ordered.kept_indices[:sel.num_kept], expected)
+    assert (ordered.kept_indices[sel.num_kept:] == -1).all()
+    assert torch.equal(ordered.keep_mask, sel.keep_mask)
 
 
 def test_topk_no_candidates():

@@ -1,13 +1,11 @@
 // C++ CPU kernel of the fixed-shape top-k selection (docs/spec.md §4), matching
 // lze_kernels/reference.py::topk_select: candidates are rows with energy > 0, scored with
-// optional Gumbel noise, ordered by lze::selection_key (unique, so the result is the reference's
-// stable descending sort: ties go to the smaller batch position).
+// optional Gumbel noise and ordered by lze::selection_key (unique, so ties go to the smaller
+// batch position); kept_indices lists the kept rows in ascending row order.
 //
-// Ordering: a radix select on the top 16 score bits keeps the candidates that can be among the
-// k best, and a radix sort orders them (std::sort of 26k keys costs about a millisecond here).
-// Sorting the complemented keys ascending is sorting the keys descending; the low word of a
-// complemented key is the row, and the candidates start in row order, so stable passes over
-// the 32 score bits alone suffice.
+// Selection: a radix select on the top 16 score bits keeps the candidates that can be among the
+// k best, std::nth_element finds the k-th best key among them, and one pass over the rows keeps
+// every key at or above it, in row order. Linear in B.
 #include <algorithm>
 #include <limits>
 #include <vector>
@@ -95,18 +93,9 @@ int64_t gather_candidates(const uint64_t* keys, int64_t B, uint64_t* out) {
   return n;
 }
 
-// Radix digits over the high (score) word of a complemented key: 11 + 11 + 10 bits.
-constexpr int kDigitShift[3] = {32, 43, 54};
-constexpr int kDigitBits = 11;
-constexpr int64_t kBuckets = int64_t{1} << kDigitBits;
-
-inline uint32_t digit(uint64_t key, int pass) {
-  return static_cast<uint32_t>(key >> kDigitShift[pass]) & (kBuckets - 1);
-}
-
 // Radix select: moves to the front of keys[0, n), in order, every key whose top 16 bits are at
 // most those of the kept-th smallest key, and returns how many (>= kept): the kept smallest
-// keys plus the kept-th's ties in those bits, which are all that need sorting. 16 bits (sign,
+// keys plus the kept-th's ties in those bits, among which nth_element finds the kept-th. 16 bits (sign,
 // exponent and 7 significand bits of the score) keep those ties few; 8 to 11 bits would be
 // little more than the exponent, which most candidates share. The filter is branch-free: its
 // condition is a coin flip for the branch predictor.
@@ -128,44 +117,24 @@ int64_t select_smallest(uint64_t* keys, int64_t n, int64_t kept) {
   return m;
 }
 
-// Stable LSD radix sort of `n` complemented keys (see the top of the file); `keys` and `spare`
-// swap roles per pass, and the sorted keys end in the returned buffer.
-uint64_t* radix_sort_scores(uint64_t* keys, uint64_t* spare, int64_t n) {
-  std::vector<int64_t> counts(3 * kBuckets, 0);
-  for (int64_t j = 0; j < n; ++j) {
-    for (int pass = 0; pass < 3; ++pass) ++counts[pass * kBuckets + digit(keys[j], pass)];
-  }
-  for (int pass = 0; pass < 3; ++pass) {
-    int64_t* offset = counts.data() + pass * kBuckets;
-    if (*std::max_element(offset, offset + kBuckets) == n) continue;  // one bucket: no-op pass
-    int64_t start = 0;
-    for (int64_t b = 0; b < kBuckets; ++b) {
-      const int64_t count = offset[b];
-      offset[b] = start;
-      start += count;
-    }
-    for (int64_t j = 0; j < n; ++j) spare[offset[digit(keys[j], pass)]++] = keys[j];
-    std::swap(keys, spare);
-  }
-  return keys;
-}
-
 // The whole selection on up to `threads` threads.
 void select_top_k(const float* energy, int64_t B, int64_t k, float noise_scale, uint32_t seed,
                   const int64_t* step_counter, uint8_t* keep_mask, int64_t* kept_indices,
                   int64_t* num_kept, int threads) {
   const CandidateExtent extent = candidate_extent(energy, B);
   const int64_t kept = std::min(k, extent.count);
-  std::fill_n(keep_mask, B, uint8_t{0});
   std::fill_n(kept_indices + kept, k - kept, int64_t{-1});
   num_kept[0] = kept;
-  if (kept == 0) return;
+  if (kept == 0) {
+    std::fill_n(keep_mask, B, uint8_t{0});
+    return;
+  }
 
   const float scale = noise_scale > 0.0f
                           ? lze::gumbel_scale(noise_scale, extent.max_energy, extent.min_energy)
                           : 0.0f;
   // Kept across calls: fresh buffers of this size come from mmap, and their page faults cost
-  // as much as the sort.
+  // as much as the selection.
   thread_local std::vector<uint64_t> keys, spare;
   keys.resize(B);
   spare.resize(B);
@@ -173,12 +142,15 @@ void select_top_k(const float* energy, int64_t B, int64_t k, float noise_scale, 
                  threads);
   const int64_t n = gather_candidates(keys.data(), B, spare.data());
   const int64_t m = select_smallest(spare.data(), n, kept);
-  // keys[] is free again: it is the second sort buffer.
-  const uint64_t* sorted = radix_sort_scores(spare.data(), keys.data(), m);
-  for (int64_t j = 0; j < kept; ++j) {
-    const int64_t row = static_cast<uint32_t>(sorted[j]);  // low word of a complemented key
-    kept_indices[j] = row;
-    keep_mask[row] = 1;
+  std::nth_element(spare.data(), spare.data() + kept - 1, spare.data() + m);
+  // The kept-th largest key: exactly `kept` keys are at or above it (keys are distinct, and a
+  // non-candidate's key 0 is below every candidate's).
+  const uint64_t cutoff = ~spare[kept - 1];
+  int64_t slot = 0;
+  for (int64_t row = 0; row < B; ++row) {
+    const bool keep = keys[row] >= cutoff;
+    keep_mask[row] = keep ? 1 : 0;
+    if (keep) kept_indices[slot++] = row;
   }
 }
 

@@ -19,6 +19,9 @@
 //     intrinsics cuda_emu.h provides, not CUDA-only ones (min/max overloads, __fdividef, ...).
 //  6. Launches are asynchronous under CUDA and synchronous in the emulator: launchers report
 //     cudaGetLastError() right after the launch and never rely on either behaviour.
+//  7. LZE_COUNT_ROW_READS(n) marks n reads of per-row input (an energy, a score): a no-op under
+//     nvcc, a process-wide count in the emulator, which the tests read to check that a kernel's
+//     work grows linearly with the batch (lze_kernels._lze_cuda_emu.row_reads()).
 #pragma once
 
 #ifdef __CUDACC__
@@ -30,6 +33,7 @@
 #define LZE_DYNAMIC_SHARED(type, name)                                   \
   extern __shared__ __align__(16) unsigned char lze_dynamic_shared_[]; \
   type* name = reinterpret_cast<type*>(lze_dynamic_shared_)
+#define LZE_COUNT_ROW_READS(n) ((void)0)
 
 #else
 
@@ -38,5 +42,6 @@
 #define LZE_LAUNCH(kernel, grid, block, shared_bytes, stream) \
   ::emu::Launcher((kernel), (grid), (block), (shared_bytes), (stream))
 #define LZE_DYNAMIC_SHARED(type, name) type* name = static_cast<type*>(::emu::dynamic_shared_memory())
+#define LZE_COUNT_ROW_READS(n) ::emu::count_row_reads(n)
 
 #endif

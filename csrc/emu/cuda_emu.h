@@ -557,6 +557,17 @@ class Launcher {
 #define blockDim (::emu::current().block->dim)
 #define gridDim (::emu::current().block->grid)
 
+namespace emu {
+// Reads of per-row input counted by the kernels (LZE_COUNT_ROW_READS in cuda_compat.h), summed
+// over every thread since the last take_row_reads().
+inline std::atomic<uint64_t>& row_reads() {
+  static std::atomic<uint64_t> count{0};
+  return count;
+}
+inline void count_row_reads(uint64_t n) { row_reads().fetch_add(n, std::memory_order_relaxed); }
+inline uint64_t take_row_reads() { return row_reads().exchange(0); }
+}  // namespace emu
+
 inline cudaError_t cudaGetLastError() { return std::exchange(emu::last_error(), cudaSuccess); }
 inline cudaError_t cudaPeekAtLastError() { return emu::last_error(); }
 

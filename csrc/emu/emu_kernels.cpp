@@ -8,3 +8,6 @@
 
 #include "../cuda/lze_step.cu"
 #include "../cuda/lze_topk.cu"
+
+// The emulator's count of per-row reads (LZE_COUNT_ROW_READS), for the work-count tests.
+extern "C" uint64_t lze_emu_take_row_reads() { return emu::take_row_reads(); }

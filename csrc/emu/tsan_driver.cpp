@@ -125,9 +125,10 @@ void run_topk_case(int64_t B, float noise_scale) {
   const int64_t step_counter[2] = {3, 0};
   std::vector<uint8_t> keep(B);
   std::vector<int64_t> kept(k);
+  std::vector<unsigned char> workspace(lze_topk_cuda_workspace_bytes(B));
   int64_t num_kept = -1;
   const int rc = lze_topk_cuda(energy.data(), B, k, noise_scale, 42u, step_counter, keep.data(),
-                               kept.data(), &num_kept, nullptr);
+                               kept.data(), &num_kept, workspace.data(), nullptr);
   check(rc == 0, "topk launch", B);
 
   float high = -INFINITY, low = INFINITY;
@@ -143,10 +144,14 @@ void run_topk_case(int64_t B, float noise_scale) {
   std::sort(order.begin(), order.end(), [&](int64_t x, int64_t y) { return key(x) > key(y); });
   const int64_t want_kept = std::min<int64_t>(k, static_cast<int64_t>(order.size()));
   check(num_kept == want_kept, "num_kept", B);
-  for (int64_t r = 0; r < k; ++r) check(kept[r] == (r < want_kept ? order[r] : -1), "kept", r);
   std::vector<uint8_t> want_keep(B, 0);
   for (int64_t r = 0; r < want_kept; ++r) want_keep[order[r]] = 1;
   check(keep == want_keep, "keep_mask", B);
+  int64_t slot = 0;  // kept_indices: the kept rows in row order, then -1
+  for (int64_t i = 0; i < B; ++i) {
+    if (want_keep[i]) check(kept[slot++] == i, "kept", i);
+  }
+  for (; slot < k; ++slot) check(kept[slot] == -1, "padding", slot);
 }
 
 // Emulator self-check: 48 threads per block, one full warp and one half warp.
@@ -230,8 +235,10 @@ int main() {
   run_step_case(50, 8, 1);   // 4 rows per warp, 32 rows per block: 2 blocks
   run_step_case(12, 40, 2);  // one warp per row, 8 rows per block: 2 blocks
   run_step_case(6, 3, 3);    // one block, partial warp of rows
-  run_topk_case(50, 0.0f);   // one block
-  run_topk_case(300, 0.05f); // three blocks
+  run_topk_case(50, 0.0f);     // the one-block plan
+  run_topk_case(300, 0.05f);
+  run_topk_case(9000, 0.05f);  // the multi-launch plan: three blocks, the last partial
+  run_topk_case(8200, 0.0f);
   if (failures != 0) {
     std::printf("%d checks failed\n", failures);
     return 1;
