@@ -22,9 +22,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from conftest import assert_within, gamma
 from lze_trainer import config as C
 from lze_trainer import tiny_model
-from lze_trainer.actor import Actor, UpdateStats
+from lze_trainer.actor import Actor, UpdateStats, update_bytes_per_token
 from lze_trainer.batch import RolloutGroup, micro_batches, pack
 from lze_trainer.loss import Normaliser, token_log_probs_and_entropy
+from lze_trainer.metrics import Timer
 from lze_trainer.rollout import Completion, SamplingSpec
 
 
@@ -165,6 +166,8 @@ def stub_actor(model_dir, dtype, *overrides):
     actor.cfg = C.load("tiny", list(overrides))
     actor.world = SimpleNamespace(device=torch.device("cpu"), size=1)
     actor.engine, actor.reference, actor.updates = _Engine(model), None, 0
+    actor.on_gpu, actor.shares_prefix = False, True
+    actor.bytes_per_token = update_bytes_per_token(model.config, dtype, False)
     return actor
 
 
@@ -207,7 +210,7 @@ def test_no_float32_n_by_l_by_v_tensor_in_log_prob_loss_backward(model_dir, entr
     stats = UpdateStats.zeros("cpu")
     stats.entropy_measured = True
     with AllocationRecorder() as recorder:
-        actor._backward(batch, norm_of(gs), stats)
+        actor._backward(batch, norm_of(gs), stats, Timer())
     full = n * (length - 1) * VOCAB  # a full-vocabulary copy of the shifted logits, or more
     # Beyond the 4-row chunks, the only float32 tensors are the model's own (RMSNorm upcasts
     # its [n, L, hidden] input).
@@ -256,7 +259,7 @@ def test_packing_leaves_loss_and_gradient_unchanged(model_dir):
         stats = UpdateStats.zeros("cpu")
         stats.entropy_measured = True
         for b in batches:
-            actor._backward(b, norm, stats)
+            actor._backward(b, norm, stats, Timer())
         grad = torch.cat([p.grad.flatten() for p in actor.engine.parameters()])
         results.append((stats.sums, grad))
     torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-5, atol=1e-6)
@@ -332,9 +335,11 @@ def test_vllm_returns_cached_memory_before_every_wake_up(monkeypatch, on_gpu):
     assert produced == ["a", "b"]
 
 
-def test_hf_engine_log_probs_equal_output_scores(model_dir):
-    """The per-step recorder gives the log-probs ``output_scores=True`` gives (same seed, same
-    tokens), under temperature and top-p, without keeping every step's scores."""
+@pytest.mark.parametrize("static", ["true", "false"])
+def test_hf_engine_log_probs_equal_output_scores(model_dir, static):
+    """Both decoders of the hf engine (the static cache's step and ``generate`` with the per-step
+    recorder) give the log-probs ``output_scores=True`` gives (same seed, same tokens), under
+    temperature and top-p, without keeping every step's scores."""
     from lze_trainer.rollout.base import reseed
     from lze_trainer.rollout.hf_engine import HFEngine
 
@@ -416,7 +421,7 @@ def test_update_counts_every_token_of_its_trained_sequences(model_dir):
     stats = UpdateStats.zeros("cpu")
     batches = micro_batches(gs, 5, 4, pad_id=0)  # 12 sequences in 3 chunks + 1 padding batch
     for b in batches:
-        actor._backward(b, norm_of(gs), stats)
+        actor._backward(b, norm_of(gs), stats, Timer())
     sums = stats.as_dict()
     responses = sum(len(c.token_ids) for g in gs for c in g.responses)
     prompts = sum(len(g.prompt) * len(g.responses) for g in gs)

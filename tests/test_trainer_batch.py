@@ -48,19 +48,37 @@ def _group(row, prompt, responses, weight=1.0):
 
 
 def test_micro_batch_tensors_are_aligned():
+    """Sequences sorted by what follows their prefix (the prompt's last token and the response);
+    each distinct prompt's prefix once per micro-batch; whole, they are prompt then response."""
     groups = [_group(0, [7, 8], [[1, 2, 3], [4]]), _group(1, [9], [[5, 6]])]
     assert num_micro_batches(groups, 2) == 2
     batches = micro_batches(groups, micro_batch_size=2, count=3, pad_id=0)
     assert len(batches) == 3
     first = batches[0]
-    assert first.input_ids.tolist() == [[7, 8, 1, 2, 3], [7, 8, 4, 0, 0]]
-    assert first.attention_mask.tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]
-    assert first.loss_mask.tolist() == [[0, 0, 1, 1, 1], [0, 0, 1, 0, 0]]
-    assert first.advantages.tolist() == [0.5, 1.0]
-    assert first.engine_logprobs[0].tolist() == [0, 0, -0.5, -0.5, -0.5]
-    assert batches[1].input_ids.tolist() == [[9, 5, 6]]
+    assert first.prefix_ids.tolist() == [[7], [0]] and first.prefix_mask.tolist() == [[1], [0]]
+    assert first.prefix_index.tolist() == [0, 1]
+    assert first.input_ids.tolist() == [[8, 1, 2, 3], [9, 5, 6, 0]]
+    assert first.attention_mask.tolist() == [[1, 1, 1, 1], [1, 1, 1, 0]]
+    assert first.loss_mask.tolist() == [[0, 1, 1, 1], [0, 1, 1, 0]]
+    assert first.advantages.tolist() == [0.5, 0.5]
+    assert first.engine_logprobs[0].tolist() == [0, -0.5, -0.5, -0.5]
+    assert first.positions().tolist() == [[1, 2, 3, 4], [0, 1, 2, 3]]
+    ids, mask, positions = first.whole_sequences()
+    assert ids.tolist() == [[7, 8, 1, 2, 3], [0, 9, 5, 6, 0]]
+    assert mask.tolist() == [[1, 1, 1, 1, 1], [0, 1, 1, 1, 0]]
+    assert positions.tolist() == [[0, 1, 2, 3, 4], [0, 0, 1, 2, 3]]
+    assert first.sequence_lengths().tolist() == [5, 3]
+    assert batches[1].whole_sequences()[0].tolist() == [[7, 8, 4]]
     # The third micro-batch is padding: present (collectives stay in step) but weightless.
     assert batches[2].loss_mask.sum() == 0 and batches[2].advantages.tolist() == [0.0]
+
+
+def test_sequences_of_one_prompt_share_its_prefix_row():
+    groups = [_group(0, [7, 8, 9], [[1], [2, 3], [4]]), _group(1, [7, 8, 9], [[5]])]
+    (batch,) = micro_batches(groups, None, 1, pad_id=0)
+    assert batch.prefix_ids.tolist() == [[7, 8]] and batch.prefix_index.tolist() == [0, 0, 0, 0]
+    one_token = micro_batches([_group(0, [7], [[1]])], None, 1, pad_id=0)[0]
+    assert one_token.prefix_mask.tolist() == [[0]]  # an empty prefix: one masked column
 
 
 def test_zero_weight_groups_have_no_loss_mask():
@@ -76,7 +94,7 @@ def test_padding_micro_batches_when_no_group_has_responses():
     batches = micro_batches([empty, empty], micro_batch_size=2, count=2, pad_id=0)
     assert len(batches) == 2
     for batch in batches:
-        assert batch.input_ids.tolist() == [[7, 8, 8]]
+        assert batch.whole_sequences()[0].tolist() == [[7, 8, 8]]
         assert batch.loss_mask.sum() == 0 and batch.advantages.tolist() == [0.0]
     # With one group that has responses, the padding copies its first sequence.
     batches = micro_batches([empty, _group(1, [9], [[5, 6]])], 2, count=2, pad_id=0)

@@ -6,10 +6,16 @@ a step may have any number of micro-batches (it depends on how many groups selec
 by the global normaliser of their mini-batch (:mod:`lze_trainer.loss`); DeepSpeed averages
 gradients over ranks, so each rank's loss is multiplied by the world size to make the result the
 exact gradient of the global loss.
+
+A micro-batch runs each distinct prompt once and its sequences on top of the prompt's keys and
+values (:meth:`Actor.sequence_logits`): a group's G responses share one pass over their prompt, in
+the forward and in the backward. Its size follows the free memory
+(:meth:`Actor.micro_batch_tokens`) unless the config fixes it.
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Optional
 
@@ -17,13 +23,22 @@ import torch
 
 from . import distributed as D
 from .batch import SequenceBatch
-from .loss import (Normaliser, aggregate, behaviour_weights, clipped_surrogate, kl_penalty,
-                   token_log_probs, token_log_probs_and_entropy)
+from .loss import (CHUNK_ELEMENTS, Normaliser, aggregate, behaviour_weights, clipped_surrogate,
+                   kl_penalty, token_log_probs, token_log_probs_and_entropy)
+from .metrics import Timer
 
 
 # tokens: response tokens with a loss; sequence_tokens: every token (prompt and response) of the
 # trained sequences, which the update's forward and backward run through (the FLOPs proxy's)
 UPDATE_SUMS = ("pg_loss", "kl", "entropy", "clipped_tokens", "tokens", "sequence_tokens")
+
+# Share of the free memory (GPU: the device's free memory and the caching allocator's free
+# blocks; CPU: the available RAM over the node's ranks) one micro-batch's activations, logits and
+# their gradients may take. The estimate (update_bytes_per_token) is within some 6 % of what
+# autograd saves for Qwen2-shaped models, measured on a CPU, and the GPU check found the
+# gradient-checkpointed arithmetic 5 % above the measured peak; the other half is for what it
+# leaves out (the allocator's fragmentation, the optimizer's temporaries).
+UPDATE_MEMORY_SHARE = 0.5
 
 
 @dataclass
@@ -81,6 +96,9 @@ class Actor:
         if cfg.model.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
+        self.shares_prefix = _shares_prefix(model.config, cfg.model.gradient_checkpointing)
+        self.bytes_per_token = update_bytes_per_token(model.config, model.dtype,
+                                                      cfg.model.gradient_checkpointing)
         self.reference = self._frozen_copy(model) if cfg.actor.kl_coef > 0 else None
         self.schedule = schedule
         self.engine, *_ = D.import_deepspeed().initialize(
@@ -101,7 +119,8 @@ class Actor:
             if a.zero_stage == 3:
                 zero["offload_param"] = {"device": "cpu", "pin_memory": self.on_gpu}
         config = {
-            "train_micro_batch_size_per_gpu": a.micro_batch_size,
+            # Only counts samples here: the trainer owns the micro-batches and the boundary.
+            "train_micro_batch_size_per_gpu": a.micro_batch_size or 1,
             "gradient_accumulation_steps": 1,
             "managed_gradient_accumulation": False,
             "gradient_clipping": a.grad_clip,
@@ -142,53 +161,113 @@ class Actor:
 
     # ------------------------------------------------------------------ forward
 
-    def _logits(self, module, batch: SequenceBatch) -> torch.Tensor:
-        return module(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                      use_cache=False).logits
+    def sequence_logits(self, module, batch: SequenceBatch, share: bool = True) -> torch.Tensor:
+        """[n, L, V] logits at every position of ``batch.input_ids``, each sequence read after its
+        prefix. Shared (``share`` and :attr:`shares_prefix`): each prefix runs once with
+        ``use_cache=True``, its keys and values are gathered for its sequences
+        (``DynamicCache.batch_select_indices``, so the backward sums their gradients into the
+        one pass), and the sequences run on top at their own positions. Otherwise whole
+        sequences run, with logits only at ``input_ids``' positions (``logits_to_keep``).
+
+        The choice never depends on the batch: under ZeRO-2 every rank reduces gradients in the
+        order its backward produces them, so every rank's micro-batches must run the same
+        passes (two ranks taking different paths for one micro-batch summed mismatched
+        gradients). A row whose prefix is empty (a one-token prompt) is all padding in the
+        prefix pass; ``scaled_dot_product_attention`` gives such fully masked rows zeros."""
+        length = batch.input_ids.shape[1]
+        if not (share and self.shares_prefix and batch.prefix_ids is not None):
+            ids, mask, positions = batch.whole_sequences()
+            return module(input_ids=ids, attention_mask=mask, position_ids=positions,
+                          use_cache=False, logits_to_keep=length).logits
+        cache = module(input_ids=batch.prefix_ids, attention_mask=batch.prefix_mask,
+                       use_cache=True, logits_to_keep=1).past_key_values
+        cache.batch_select_indices(batch.prefix_index)
+        mask = torch.cat([batch.prefix_mask[batch.prefix_index], batch.attention_mask], dim=1)
+        return module(input_ids=batch.input_ids, attention_mask=mask,
+                      position_ids=batch.positions(), past_key_values=cache,
+                      use_cache=True).logits
 
     @torch.no_grad()
     def log_probs(self, batch: SequenceBatch) -> torch.Tensor:
         """[n, L] log-probs of the batch's tokens under the current policy (no gradient)."""
         batch = batch.to(self.world.device)
-        logits = self._logits(self.engine, batch)
+        logits = self.sequence_logits(self.engine, batch)
         return token_log_probs(logits, batch.input_ids, self.cfg.rollout.temperature).cpu()
 
     @torch.no_grad()
     def _reference_log_probs(self, batch: SequenceBatch) -> torch.Tensor:
-        logits = self._logits(self.reference, batch)
+        logits = self.sequence_logits(self.reference, batch)
         return token_log_probs(logits, batch.input_ids, self.cfg.rollout.temperature)
 
     # ------------------------------------------------------------------ update
 
-    def update(self, mini_batches: list[list[SequenceBatch]], norms: list[Normaliser]) -> UpdateStats:
+    def micro_batch_tokens(self) -> int:
+        """The cap on a micro-batch's padded tokens (rows x longest prefix and suffix):
+        ``actor.max_tokens_per_micro_batch``, or as many tokens as :data:`UPDATE_MEMORY_SHARE`
+        of the free memory holds at ``update_bytes_per_token`` beyond the bounded log-softmax's
+        float32 chunks, the least over ranks (collective: every rank calls), floored to a power of
+        two, so that the small swings of free memory from step to step leave the packing (and
+        the float rounding of the sums) as it was."""
+        if self.cfg.actor.max_tokens_per_micro_batch is not None:
+            return self.cfg.actor.max_tokens_per_micro_batch
+        vocab = self.engine.module.config.vocab_size
+        chunks = 3 * max(1, CHUNK_ELEMENTS // vocab) * vocab * 4
+        tokens = int(UPDATE_MEMORY_SHARE * free_memory(self.world) - chunks) // self.bytes_per_token
+        tokens = int(D.all_reduce(max(tokens, 1), "min"))
+        return 1 << (tokens.bit_length() - 1)
+
+    def update(self, mini_batches: list[list[SequenceBatch]], norms: list[Normaliser],
+               timer: Optional[Timer] = None) -> UpdateStats:
         """``ppo_epochs`` passes; one optimizer step per mini-batch. Old log-probs are recomputed
-        before the first update when there is more than one (else the policy's own, detached)."""
+        before the first update when there is more than one (else the policy's own, detached).
+        ``timer`` gets the seconds of the forward passes (old log-probs included), the backward
+        passes and the optimizer steps as ``update_forward``, ``update_backward`` and
+        ``update_optimizer`` (inclusive phases: they split the caller's ``update``)."""
         a = self.cfg.actor
+        timer = timer or Timer()
         stats = UpdateStats.zeros(self.world.device)
         stats.entropy_measured = a.entropy_coef != 0 or (
             a.entropy_every > 0 and self.updates % a.entropy_every == 0)
         self.updates += 1
         self.engine.train()
         if a.ppo_epochs * len(mini_batches) > 1:
-            for micro in (m for mb in mini_batches for m in mb):
-                micro.old_logprobs = self.log_probs(micro)
-                _compare_with_engine(stats, micro.old_logprobs, micro)
+            with self._phase(timer, "update_forward"):
+                for micro in (m for mb in mini_batches for m in mb):
+                    micro.old_logprobs = self.log_probs(micro)
+                    _compare_with_engine(stats, micro.old_logprobs, micro)
         for _ in range(a.ppo_epochs):
             for micro_list, norm in zip(mini_batches, norms):
-                finite = torch.stack([self._backward(m, norm, stats) for m in micro_list]).all()
-                self._optimizer_step(bool(finite), stats)
+                finite = torch.stack([self._backward(m, norm, stats, timer) for m in micro_list])
+                with self._phase(timer, "update_optimizer"):
+                    self._optimizer_step(bool(finite.all()), stats)
         return stats
 
-    def _backward(self, micro: SequenceBatch, norm: Normaliser, stats: UpdateStats) -> torch.Tensor:
-        """Accumulate one micro-batch's gradient; returns whether its loss was finite (0-dim).
+    @contextmanager
+    def _phase(self, timer: Timer, name: str):
+        """``timer``'s inclusive phase ``name``, closed once the device has finished its work."""
+        with timer(name, inclusive=True):
+            yield
+            if self.on_gpu:
+                torch.cuda.synchronize(self.world.device)
+
+    def _backward(self, micro: SequenceBatch, norm: Normaliser, stats: UpdateStats,
+                  timer: Timer) -> torch.Tensor:
+        """Accumulate one micro-batch's gradient; returns whether its loss was finite (0-dim)."""
+        with self._phase(timer, "update_forward"):
+            loss = self._loss(micro.to(self.world.device), norm, stats)
+        with self._phase(timer, "update_backward"):
+            self.engine.backward(loss * self.world.size, scale_wrt_gas=False)
+        return torch.isfinite(loss.detach())
+
+    def _loss(self, batch: SequenceBatch, norm: Normaliser, stats: UpdateStats) -> torch.Tensor:
+        """One micro-batch's share of the mini-batch loss, its sums added to ``stats``.
         Log-probs and entropy never build a float32 copy of the logits (:mod:`lze_trainer.loss`);
         the entropy is computed only when measured (``stats.entropy_measured``) and takes part in
         the gradient only when ``actor.entropy_coef != 0``."""
         a = self.cfg.actor
-        batch = micro.to(self.world.device)
         logp, entropy = token_log_probs_and_entropy(
-            self._logits(self.engine, batch), batch.input_ids, self.cfg.rollout.temperature,
-            entropy=stats.entropy_measured)
+            self.sequence_logits(self.engine, batch), batch.input_ids,
+            self.cfg.rollout.temperature, entropy=stats.entropy_measured)
         mask = batch.loss_mask
         old = batch.old_logprobs if batch.old_logprobs is not None else logp.detach()
         pg, clipped = clipped_surrogate(logp, old, batch.advantages, a.clip_ratio_low,
@@ -201,9 +280,8 @@ class Actor:
             kl = kl_penalty(logp, self._reference_log_probs(batch), a.kl_estimator)
             loss = loss + a.kl_coef * aggregate(kl, mask, a.loss_agg_mode, norm)
             stats.add("kl", (kl * mask).sum())
-        self.engine.backward(loss * self.world.size, scale_wrt_gas=False)
         self._accumulate(stats, pg, clipped, entropy, logp, batch)
-        return torch.isfinite(loss.detach())
+        return loss
 
     @staticmethod
     def _accumulate(stats: UpdateStats, pg, clipped, entropy, logp, batch: SequenceBatch) -> None:
@@ -215,7 +293,7 @@ class Actor:
         stats.add("clipped_tokens", (clipped & kept).sum())
         stats.add("tokens", mask.sum())
         trained = kept.any(dim=1)  # padding sequences (zero weight) are not the method's
-        stats.add("sequence_tokens", batch.attention_mask.sum(dim=1)[trained].sum())
+        stats.add("sequence_tokens", batch.sequence_lengths()[trained].sum())
         if batch.old_logprobs is None:  # the policy before any update: the engine's
             _compare_with_engine(stats, logp, batch)
 
@@ -246,7 +324,9 @@ class Actor:
         finite = []
         for micro in micro_batches:
             batch = micro.to(self.world.device)
-            logp = token_log_probs(self._logits(self.engine, batch), batch.input_ids)
+            # One answer per prompt: nothing to share, whole sequences on every rank.
+            logits = self.sequence_logits(self.engine, batch, share=False)
+            logp = token_log_probs(logits, batch.input_ids)
             loss = -aggregate(logp, batch.loss_mask, "token-mean", norm)
             self.engine.backward(loss * self.world.size, scale_wrt_gas=False)
             stats.add("pg_loss", -(logp * batch.loss_mask).sum())
@@ -297,6 +377,44 @@ def _compare_with_engine(stats: UpdateStats, logp: torch.Tensor, batch: Sequence
     diff = torch.where(kept, (logp.detach() - engine).abs(), 0.0).amax()
     torch.maximum(stats.engine_logprob_abs_diff_max, diff.double(),
                   out=stats.engine_logprob_abs_diff_max)
+
+
+def _shares_prefix(config, gradient_checkpointing: bool) -> bool:
+    """Whether a prompt's keys and values can be computed once and read by its sequences: not
+    under gradient checkpointing (it drops caches), and only where every layer attends to the
+    whole past (a sliding-window cache would keep only its window)."""
+    layer_types = getattr(config, "layer_types", None) or ["full_attention"]
+    return (not gradient_checkpointing and getattr(config, "sliding_window", None) is None
+            and all(kind == "full_attention" for kind in layer_types))
+
+
+def update_bytes_per_token(config, dtype: torch.dtype, gradient_checkpointing: bool) -> int:
+    """Bytes one token of a micro-batch holds through its forward and backward, from the model's
+    shape (hidden size h, KV width kv, MLP width i, vocabulary V): what autograd saves in each
+    layer, about 10 h + 2 kv + 4 i elements in a Llama/Qwen2 layer (measured: within 6 % for
+    Qwen2 shapes from h = 128 to 896), or only the layer's input h under gradient checkpointing;
+    one layer's worth again for the backward's temporaries (or the layer it recomputes); the
+    logits and their gradient, 2 V; and a few hidden-sized vectors (embedding, final norm)."""
+    heads = config.num_attention_heads
+    hidden = config.hidden_size
+    kv = (getattr(config, "num_key_value_heads", None) or heads) * (
+        getattr(config, "head_dim", None) or hidden // heads)
+    layer = 10 * hidden + 2 * kv + 4 * config.intermediate_size
+    saved = hidden if gradient_checkpointing else layer
+    elements = config.num_hidden_layers * saved + layer + 2 * config.vocab_size + 4 * hidden
+    return elements * dtype.itemsize
+
+
+def free_memory(world: D.World) -> int:
+    """Bytes this rank may still use: on a GPU the device's free memory plus the caching
+    allocator's free blocks, on a CPU the available RAM shared by the node's ranks."""
+    if world.device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(world.device)
+        return free + torch.cuda.memory_reserved(world.device) - torch.cuda.memory_allocated(
+            world.device)
+    import psutil
+
+    return psutil.virtual_memory().available // world.local_size
 
 
 def _scheduler(schedule: Schedule, optimizer):

@@ -16,6 +16,10 @@ through all of them (verl's FLOPs counter likewise counts the actor update over 
 lengths), while the loss covers the response tokens only. Counting only the response tokens would
 put the update at about a third of a GRPO step's FLOPs on the study's task, where its measured
 wall time is about two thirds. Prefill is counted per rollout (prefix caching aside).
+
+The proxy counts every trained sequence whole although this trainer's update runs each prompt
+once per micro-batch for all its responses (:mod:`lze_trainer.actor`): it stays the field's
+convention, so runs before and after that change, and runs of other trainers, stay comparable.
 """
 
 from __future__ import annotations

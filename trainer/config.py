@@ -304,11 +304,13 @@ class ActorConfig:
     zero_stage: int = setting(2, "DeepSpeed ZeRO stage 0-3")
     offload: bool = setting(False, "ZeRO offload of optimizer states (and parameters at stage 3) "
                             "to the CPU")
-    micro_batch_size: int = setting(8, "sequences per forward/backward")
+    micro_batch_size: Optional[int] = setting(
+        None, "cap on the sequences per forward/backward (null: only the token cap)")
     max_tokens_per_micro_batch: Optional[int] = setting(
-        None, "cap on a micro-batch's padded tokens (rows x longest), at least "
-        "data.max_prompt_tokens + rollout.max_new_tokens; sequences are packed longest first; "
-        "null: only micro_batch_size caps")
+        None, "cap on a micro-batch's padded tokens (rows x longest prompt and response), at "
+        "least data.max_prompt_tokens + rollout.max_new_tokens; sequences are packed longest "
+        "first; null: what half the free memory holds (GPU: the device's, CPU: the RAM over the "
+        "node's ranks), measured before every update")
     ppo_epochs: int = setting(1, "passes over each step's kept groups")
     mini_batches: int = setting(1, "optimizer steps per pass (kept groups split in this many "
                                 "parts)")
@@ -481,12 +483,14 @@ def preset_descriptions() -> dict[str, str]:
 def validate(c: Config) -> None:
     """Checks that span fields or ranges that types cannot express."""
     _positive(c, "trainer.batch_size", "trainer.total_steps", "rollout.n", "rollout.max_new_tokens",
-              "actor.micro_batch_size", "actor.ppo_epochs", "actor.mini_batches",
+              "actor.ppo_epochs", "actor.mini_batches",
               "data.max_prompt_tokens", "rollout.tensor_parallel_size", "reward.num_workers",
               "trainer.log_every", "rollout.eval_samples", "selection.prune_after")
     _non_negative(c, "trainer.eval_every", "trainer.save_every", "selection.warmup_steps",
                   "actor.lr_warmup_steps", "actor.grad_clip", "actor.kl_coef", "actor.weight_decay",
                   "sft_warmup.steps", "trainer.threads_per_rank", "actor.lr", "actor.entropy_every")
+    _require(c.actor.micro_batch_size is None or c.actor.micro_batch_size > 0,
+             "actor.micro_batch_size", "null or an int > 0", c.actor.micro_batch_size)
     longest = c.data.max_prompt_tokens + c.rollout.max_new_tokens
     cap = c.actor.max_tokens_per_micro_batch
     _require(cap is None or cap >= longest, "actor.max_tokens_per_micro_batch",

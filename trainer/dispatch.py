@@ -79,7 +79,8 @@ def dispatch_kept_groups(local_groups: list[RolloutGroup], advantages: torch.Ten
     return mine
 
 
-def update_batches(groups: list[RolloutGroup], mini_batches: int, micro_batch_size: int,
+def update_batches(groups: list[RolloutGroup], mini_batches: int,
+                   micro_batch_size: Optional[int],
                    max_response_length: int, pad_id: int, max_tokens: Optional[int] = None
                    ) -> tuple[list[list[SequenceBatch]], list[Normaliser]]:
     """Split this rank's groups into ``mini_batches`` optimizer steps of micro-batches (packed by

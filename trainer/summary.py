@@ -9,6 +9,9 @@ from pathlib import Path
 from .metrics import METRICS_FILE, PLOT_FILE, read_metrics
 
 PHASES = ("rollout", "reward", "wait", "select", "dispatch", "update", "sync", "step")
+# Parts of the update (inside its time, not added to the step's phases): the forward passes (old
+# log-probs included), the backward passes and the optimizer steps (lze_trainer.actor).
+UPDATE_PARTS = ("update_forward", "update_backward", "update_optimizer")
 
 
 def run_summary(run_dir: Path, wall_seconds: float) -> str:
@@ -22,11 +25,14 @@ def run_summary(run_dir: Path, wall_seconds: float) -> str:
             f"  rollouts generated {last['total/rollouts']:,.0f} | groups kept "
             f"{last['total/update_groups']:,.0f} | update tokens {last['total/update_tokens']:,.0f}"
             f" | generated tokens {last['total/generated_tokens']:,.0f}")
-        medians = {p: statistics.median(r[f"timing_s/{p}"] for r in steps) for p in PHASES}
+        medians = {p: statistics.median(r.get(f"timing_s/{p}", 0.0) for r in steps)
+                   for p in PHASES + UPDATE_PARTS}
         share = statistics.median(r["timing_s/select_share"] for r in steps)
+        parts = ", ".join(f"{p.removeprefix('update_')} {_seconds(medians[p])}"
+                          for p in UPDATE_PARTS)
         lines.append("  median step: " + ", ".join(
-            f"{p} {_seconds(medians[p])}" for p in PHASES) + f"; selection {100 * share:.2f} %"
-            " of the step")
+            f"{p} {_seconds(medians[p])}" + (f" ({parts})" if p == "update" else "")
+            for p in PHASES) + f"; selection {100 * share:.2f} % of the step")
     startup = {k.removeprefix("startup_s/"): v for r in rows[:1] for k, v in r.items()
                if k.startswith("startup_s/")}
     if startup:

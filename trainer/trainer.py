@@ -36,7 +36,7 @@ from .generation import Generation
 from .reward import RewardScorer
 from .rollout import build_engine
 from .selection import GroupSelector, Selection
-from .summary import PHASES, run_summary
+from .summary import PHASES, UPDATE_PARTS, run_summary
 from .warmup import warm_up
 
 
@@ -253,9 +253,10 @@ class GRPOTrainer:
             a = self.cfg.actor
             batches, norms = update_batches(mine, a.mini_batches, a.micro_batch_size,
                                             self.cfg.rollout.max_new_tokens, self.actor.pad_id,
-                                            max_tokens=a.max_tokens_per_micro_batch)
-            stats = self.actor.update(batches, norms)
-        # The update runs forward and backward through whole sequences, prompts included.
+                                            max_tokens=self.actor.micro_batch_tokens())
+            stats = self.actor.update(batches, norms, timer)
+        # The FLOPs proxy's update tokens: every trained sequence whole, prompt included
+        # (lze_trainer.compute; the pass itself runs each prompt once for its responses).
         local_tokens = float(stats.sums[UPDATE_SUMS.index("sequence_tokens")])
         self.ledger.add("update", "train", local_tokens)
         if a.ppo_epochs * len(batches) > 1:  # old log-probs were recomputed: one more forward
@@ -313,7 +314,7 @@ class GRPOTrainer:
         m.update(self.totals)
         # Every phase on every step: one that did not run took 0 s (e.g. no reward when SPEED's
         # carried groups fill a step without generating).
-        m.update({f"timing_s/{phase}": 0.0 for phase in PHASES})
+        m.update({f"timing_s/{phase}": 0.0 for phase in PHASES + UPDATE_PARTS})
         m.update(timer.as_metrics())
         step_s = timer.seconds["step"]
         m["timing_s/select_share"] = timer.seconds["select"] / step_s

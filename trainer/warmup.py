@@ -52,7 +52,7 @@ def warm_up(cfg, world: D.World, model_dir: str, load_examples: Callable[[], Pro
     for step in range(1, s.steps + 1):
         rows = sampler.next(s.batch_size)[world.rank * per_rank:(world.rank + 1) * per_rank]
         groups = [_example(examples, i, tokenizer, s.answer_template, eos) for i in rows]
-        cap = cfg.actor.max_tokens_per_micro_batch
+        cap = actor.micro_batch_tokens()
         count = int(D.all_reduce(num_micro_batches(groups, cfg.actor.micro_batch_size, cap), "max"))
         tokens = D.all_reduce(sum(len(g.responses[0].token_ids) for g in groups))
         loss_sum, skipped = actor.sft_update(

@@ -3,7 +3,8 @@ per-prompt features that HIVE's entropy check and DOTS's policy embeddings read.
 
 Rows are split over all ranks in equal slices (the last padded with copies of its first row, so
 that every rank runs the same number of forwards, as ZeRO-3 requires), each rank runs its slice
-in micro-batches of ``actor.micro_batch_size`` without gradient, and one all-gather gives every
+in micro-batches of ``actor.micro_batch_size`` (or as many longest prompts as the update's token
+cap holds, :meth:`lze_trainer.actor.Actor.micro_batch_tokens`) without gradient, and one all-gather gives every
 rank every row. The prompt tokens are booked in the compute ledger as an extra forward pass
 (``forward/<purpose>``: 2P FLOPs per token).
 """
@@ -56,7 +57,8 @@ def prompt_features(ctx, prompt_ids: Sequence[int], feature: Feature, purpose: s
 @torch.no_grad()
 def _forward(ctx, prompts: list[list[int]], feature: Feature, hidden_states: bool):
     actor, device = ctx.actor, ctx.generation.world.device
-    size = ctx.cfg.actor.micro_batch_size
+    size = ctx.cfg.actor.micro_batch_size or max(
+        1, actor.micro_batch_tokens() // ctx.cfg.data.max_prompt_tokens)
     parts = []
     for i in range(0, len(prompts), size):
         chunk = prompts[i:i + size]
