@@ -10,6 +10,7 @@ or ``s - mean`` without std normalisation; ``A * response_mask`` returned as adv
 returns.
 """
 
+import math
 import subprocess
 import sys
 import types
@@ -25,7 +26,9 @@ from hypothesis import strategies as st
 from conftest import advantage_error_bound, assert_within
 
 from lze_kernels import LZEConfig, LZESelector
+from lze_kernels.config import num_keep
 from lze_kernels.integrations.verl import LZEAdvantage, group_by_uid
+from lze_kernels.integrations.verl.minibatch import group_unit, keep_count, leading_groups_near
 from lze_kernels.layout import SEEN
 
 
@@ -399,6 +402,49 @@ def test_a_repeated_row_is_one_observation_of_all_its_rollouts(grouped):
     assert_within(advantages, verl_grpo_reference(rewards, mask, index)[0],
                   verl_tolerance(rewards, mask, index), "advantages")
     assert int(adapter.selector.state.istate[row_of[uids[1]], SEEN]) == 1
+
+
+# ----------------------------------------------------------------------------- mini-batches
+
+
+@pytest.mark.parametrize("data_parallel, rollout_n, prefix_grouper",
+                         [(1, 8, False), (8, 8, False), (8, 4, False), (6, 2, False),
+                          (8, 16, True), (4, 4, True)])
+def test_keep_count_follows_keep_ratio_within_half_a_unit(data_parallel, rollout_n,
+                                                          prefix_grouper):
+    """Every set-up plain GRPO accepts (B a multiple of ppo_mini_batch_size, whose rows divide
+    among the ranks; with the prefix grouper, B a multiple of the ranks): k is whole mini-batches
+    verl can split, never refused, and within half a unit of floor(B x keep_ratio), or one unit
+    where floor(B x keep_ratio) is under half of one."""
+    checked = 0
+    for batch in (8, 64, 96, 1024):
+        for mini in (m for m in range(1, batch + 1) if batch % m == 0):
+            if (mini * rollout_n) % data_parallel or (prefix_grouper and batch % data_parallel):
+                continue
+            unit = group_unit(math.lcm(mini * rollout_n, data_parallel), rollout_n,
+                              data_parallel, prefix_grouper)
+            for ratio in [i / 20 for i in range(1, 21)]:
+                kept, target = keep_count(batch, ratio, unit), num_keep(batch, ratio)
+                assert kept % mini == 0 and (kept * rollout_n) % data_parallel == 0
+                assert not prefix_grouper or kept % data_parallel == 0
+                assert unit <= kept <= batch and kept % unit == 0
+                assert abs(kept - target) <= unit / 2 or (kept == unit and target < unit / 2)
+                checked += 1
+    assert checked > 100
+
+
+def test_keep_count_at_b_1024_and_mini_batches_of_256():
+    """k0 = floor(1,024 x 0.4) = 409 rounds to 2 mini-batches of 256: 512, ratio 0.5 (the
+    largest multiple below k0 would keep 256, 0.25)."""
+    for data_parallel, rollout_n in [(1, 1), (8, 8), (16, 4)]:
+        unit = group_unit(math.lcm(256 * rollout_n, data_parallel), rollout_n, data_parallel)
+        assert unit == 256 and keep_count(1024, 0.4, unit) == 512
+
+
+def test_leading_groups_come_nearest_to_the_rows():
+    assert leading_groups_near(np.array([4, 4, 4, 4]), 8) == 2
+    assert leading_groups_near(np.array([7, 1, 4, 2]), 9) == 2  # 8 rows, not 12
+    assert leading_groups_near(np.array([7, 1, 4, 2]), 1) == 1  # at least one group
 
 
 # ----------------------------------------------------------------------------- registry

@@ -10,6 +10,7 @@ and told the data-parallel size the actor's worker group would report; its worke
 and loads nothing. (``fit`` itself, with every stage's row count, is tests/test_verl_fit.py.)
 """
 
+import copy
 import os
 import types
 from collections import Counter
@@ -35,6 +36,7 @@ from lze_kernels import LZEConfig, LZESelector  # noqa: E402
 from lze_kernels.greso import GresoConfig, GresoFilter  # noqa: E402
 from lze_kernels.integrations.verl import LZEAdvantage  # noqa: E402
 from lze_kernels.integrations.verl.forward import ForwardSampler  # noqa: E402
+from lze_kernels.layout import SEEN  # noqa: E402
 from lze_kernels.integrations.verl.legacy import (SELECTION_FILE,  # noqa: E402
                                                   LZERayPPOTrainer, check_settings)
 from lze_kernels.serialization import UnsafeStateFileError  # noqa: E402
@@ -69,11 +71,13 @@ class NoWorkers:
         pass
 
 
-def trainer_config(estimator="grpo", mini=2, batch=8, checkpoints="ckpt", balance=True):
+def trainer_config(estimator="grpo", mini=2, batch=8, checkpoints="ckpt", balance=True,
+                   prefix_grouper=False):
     """The parts of verl's trainer config the hooks and verl's checkpoint methods read."""
     return OmegaConf.create({
         "algorithm": {"adv_estimator": estimator, "norm_adv_by_std_in_grpo": True},
         "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": mini,
+                                        "use_prefix_grouper": prefix_grouper,
                                         "checkpoint": {"async_save": False}},
                               "rollout": {"n": GROUP}},
         "data": {"train_batch_size": batch},
@@ -86,6 +90,7 @@ def trainer_without_workers(dp_size=2, dataloader=None, **config):
     """verl's trainer object up to its Ray boundary: no worker groups, the dp size given."""
     trainer = object.__new__(LZERayPPOTrainer)
     trainer.config = trainer_config(**config)
+    trainer.use_prefix_grouper = trainer.config.actor_rollout_ref.actor.use_prefix_grouper
     trainer.train_dataloader = dataloader or types.SimpleNamespace(sampler=None, num_workers=0)
     trainer._get_dp_size = lambda worker_group, role: dp_size
     trainer.actor_rollout_wg = NoWorkers()
@@ -101,6 +106,9 @@ def outcome_rewards(pass_counts, lengths):
     return torch.zeros(len(lengths), LENGTH).scatter_(1, (lengths - 1)[:, None], solved[:, None])
 
 
+ROW_OF_UID = {}  # every uid fit_batch made -> its dataset row (the trainer uses its binding up)
+
+
 def fit_batch(trainer, pass_counts, rows, seed=0, scored=True):
     """A step's batch the way legacy ``fit`` holds it at ``_balance_batch``: fresh uuid4 uids
     (``_get_gen_batch`` has run on the prompts and moved the dataset rows out), repeated per
@@ -112,6 +120,7 @@ def fit_batch(trainer, pass_counts, rows, seed=0, scored=True):
                      "index": np.array(rows, dtype=object),
                      "raw_prompt": np.array([f"prompt {r}" for r in rows], dtype=object)})
     trainer._get_gen_batch(prompts)
+    ROW_OF_UID.update(zip(prompts.non_tensor_batch["uid"], rows))
     batch = prompts.repeat(GROUP, interleave=True)
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(1, LENGTH + 1, (len(batch),), generator=g)
@@ -126,7 +135,7 @@ def fit_batch(trainer, pass_counts, rows, seed=0, scored=True):
 
 
 def rows_in(trainer, batch):
-    return sorted({trainer._rows_by_uid[uid] for uid in batch.non_tensor_batch["uid"]})
+    return sorted({ROW_OF_UID[uid] for uid in batch.non_tensor_batch["uid"]})
 
 
 def advantages(batch, estimator_name, norm=True):
@@ -202,27 +211,51 @@ def test_fewer_groups_with_energy_than_k_are_filled_by_the_next_ones(registered)
     torch.testing.assert_close(got, advantages(batch, "grpo"), rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize("mini, dp, kept", [(1, 1, 4), (3, 1, 3), (2, 8, 4), (1, 6, 3)])
-def test_k_is_the_largest_multiple_verl_can_split(registered, mini, dp, kept):
-    """k = the largest multiple of lcm(ppo_mini_batch_size, dp / gcd(dp, n)) not above
-    floor(B x keep_ratio) = 4 (n = 4)."""
-    trainer = trainer_without_workers(dp_size=dp, mini=mini,
-                                      estimator=registered(LZEAdvantage(12, CONFIG)))
+@pytest.mark.parametrize("keep_ratio, mini, dp, prefix_grouper, kept", [
+    (0.5, 1, 1, False, 4), (0.5, 2, 8, False, 4),  # floor(8 x 0.5) = 4 is whole mini-batches
+    (0.375, 2, 1, False, 4), (0.375, 4, 2, False, 4),  # 3 rounded up to whole mini-batches
+    (0.625, 4, 2, False, 4),  # 5 rounded down
+    (0.5, 8, 2, False, 8),  # ppo_mini_batch_size = train_batch_size: one mini-batch, every group
+    (0.375, 1, 2, False, 3), (0.375, 1, 2, True, 4)])  # prefix grouper: whole groups per rank
+def test_k_is_keep_ratio_in_whole_mini_batches(registered, keep_ratio, mini, dp,
+                                               prefix_grouper, kept):
+    """B = 8, n = 4: k = floor(B x keep_ratio) rounded to the nearest multiple of the groups
+    verl can split (ppo_mini_batch_size, rows divisible by dp; with use_prefix_grouper, groups
+    divisible by dp), filled by energy when rounded up; verl's own _balance_batch (its
+    group-level balancing under the prefix grouper) takes the cut batch; the effective ratio is
+    logged. Nothing plain GRPO accepts is refused."""
+    config = LZEConfig(keep_ratio=keep_ratio, noise_scale=0.0)
+    trainer = trainer_without_workers(dp_size=dp, mini=mini, prefix_grouper=prefix_grouper,
+                                      estimator=registered(LZEAdvantage(12, config)))
     batch = fit_batch(trainer, [0, 1, 2, 4, 3, 2, 1, 3], [5, 0, 9, 2, 7, 3, 11, 6])
-    trainer._balance_batch(batch, metrics={})
+    metrics = {}
+    trainer._balance_batch(batch, metrics=metrics)
     assert len(batch) == kept * GROUP and len(batch) % dp == 0
+    assert metrics["lze/keep_ratio_effective"] == kept / 8
+    assert metrics["lze/rows_past_reward"] == kept * GROUP
 
 
-def test_a_k_verl_cannot_split_is_refused_naming_both_numbers(registered):
-    """Once the workers report the data-parallel size (init_workers), and for the mini-batch
-    alone already at __init__ (check_settings), before any worker starts."""
-    lze = LZEAdvantage(12, CONFIG)
-    trainer = trainer_without_workers(dp_size=32, mini=2, estimator=registered(lze))
-    with pytest.raises(ValueError, match=r"ppo_mini_batch_size \(2\).*data-parallel size \(32\)"):
-        trainer.groups_to_keep(8, lze, 0)
-    loader = types.SimpleNamespace(sampler=None, num_workers=0)
-    with pytest.raises(ValueError, match=r"at most 4 of 8 .* ppo_mini_batch_size \(5\)"):
-        check_settings(trainer_config(mini=5), loader, lze)
+def test_the_keep_ratio_holds_at_b_1024_with_mini_batches_of_256(registered):
+    """The issue's case: B = 1,024 prompts, ppo_mini_batch_size 256, keep_ratio 0.4, 8 ranks:
+    k0 = 409 rounds to 2 mini-batches, 512 groups (0.5, within 0.4 +/- 256 / 1,024 / 2) where
+    the largest multiple below k0 kept 256 (0.25); the step logs it, and the 512 are the 409
+    the selector keeps and the next 103 by energy."""
+    batch_size = 1024
+    config = LZEConfig(keep_ratio=0.4, noise_scale=0.0)
+    lze = LZEAdvantage(batch_size, config)
+    trainer = trainer_without_workers(dp_size=8, mini=256, batch=batch_size,
+                                      estimator=registered(lze))
+    rows = torch.randperm(batch_size, generator=torch.Generator().manual_seed(0)).tolist()
+    counts = [1 + row % 3 for row in rows]  # every group mixed: energy > 0
+    batch = fit_batch(trainer, counts, rows)
+    metrics = {}
+    trainer._balance_batch(batch, metrics=metrics)
+    assert metrics["lze/keep_ratio_effective"] == 0.5
+    assert abs(metrics["lze/keep_ratio_effective"] - 0.4) <= 256 / batch_size / 2
+    assert len(batch) == 512 * GROUP
+    oracle = LZESelector(batch_size, config).step(group_rewards(counts), torch.tensor(rows))
+    top = {rows[i] for i in torch.nonzero(oracle.keep_mask).view(-1).tolist()}
+    assert len(top) == 409 and top <= set(rows_in(trainer, batch))
 
 
 def test_dapo_keeps_the_mixed_groups_filled_to_a_multiple(registered):
@@ -263,6 +296,78 @@ def test_compute_advantage_refuses_a_group_the_selection_dropped(registered):
         advantages(full, trainer.config.algorithm.adv_estimator)
 
 
+def test_a_dataset_without_row_indices_is_refused_at_the_first_step_with_the_fix(registered):
+    """verl fills a missing extra_info.index with 0, so every group carries row 0: the first
+    step refuses it, saying how to write extra_info.index, with the selector's state and the
+    batch unchanged; a batch with no index field at all likewise, when the step binds it."""
+    lze = LZEAdvantage(12, CONFIG)
+    trainer = trainer_without_workers(estimator=registered(lze))
+    before = copy.deepcopy(lze.state_dict())
+    batch = fit_batch(trainer, [0, 1, 2, 4, 3, 2, 1, 3], [0] * 8)
+    with pytest.raises(ValueError, match=r"extra_info\.index.*with_indices=True"):
+        trainer._balance_batch(batch, metrics={})
+    assert same(lze.state_dict(), before) and len(batch) == 8 * GROUP
+    unindexed = DataProto.from_dict({"input_ids": torch.zeros(2, 3, dtype=torch.long)},
+                                    non_tensors={"uid": np.array(["a", "b"], dtype=object)})
+    with pytest.raises(ValueError, match=r"index: .*extra_info\.index"):
+        trainer._get_gen_batch(unindexed)
+
+
+def test_groups_of_unequal_size_are_refused_naming_the_agent_loop(registered):
+    """A group that lost a response (an agent loop that drops or splits trajectories) breaks
+    the whole-mini-batch arithmetic: refused naming the agent-loop setting, state unchanged."""
+    lze = LZEAdvantage(12, CONFIG)
+    trainer = trainer_without_workers(estimator=registered(lze))
+    batch = fit_batch(trainer, [0, 1, 2, 4, 3, 2, 1, 3], [5, 0, 9, 2, 7, 3, 11, 6])
+    short = batch.select_idxs(np.arange(len(batch) - 1))
+    before = copy.deepcopy(lze.state_dict())
+    with pytest.raises(ValueError, match="3 to 4 responses.*default_agent_loop"):
+        trainer._balance_batch(short, metrics={})
+    assert same(lze.state_dict(), before)
+
+
+def test_the_uid_binding_is_used_up_by_the_selection_that_used_it(registered):
+    """A selection rejected for bad rewards keeps the step's binding (the corrected retry
+    runs); a selection that succeeds uses it up, so a second _balance_batch on the step's batch
+    is refused instead of selecting (and updating the state) again."""
+    lze = LZEAdvantage(12, CONFIG)
+    trainer = trainer_without_workers(estimator=registered(lze))
+    batch = fit_batch(trainer, [0, 1, 2, 4, 3, 2, 1, 3], [5, 0, 9, 2, 7, 3, 11, 6])
+    batch.batch["rm_scores"] *= 2
+    with pytest.raises(ValueError, match="rewards"):
+        trainer._balance_batch(batch, metrics={})
+    batch.batch["rm_scores"] /= 2
+    trainer._balance_batch(batch, metrics={})
+    after = copy.deepcopy(lze.state_dict())
+    with pytest.raises(ValueError, match="selects once per step"):
+        trainer._balance_batch(batch, metrics={})
+    assert same(lze.state_dict(), after) and len(batch) == 4 * GROUP
+
+
+def test_a_row_drawn_twice_selects_by_group(registered):
+    """Row 5 comes in two groups, one all wrong and one all right: one observation (pass rate
+    1/2 over its eight rollouts, the highest energy, the row the selector keeps), but neither
+    group can learn (zero advantages), so the k = 2 slots go to the groups with mixed rewards,
+    rows 7 and 9, and the update is plain GRPO on them."""
+    lze = LZEAdvantage(12, CONFIG)
+    trainer = trainer_without_workers(dp_size=1, mini=1, batch=4, estimator=registered(lze))
+    batch = fit_batch(trainer, [0, 3, 4, 3], [5, 7, 5, 9])
+    trainer._balance_batch(batch, metrics={})
+    merged = torch.cat([group_rewards([0, 3, 3]),
+                        torch.cat([group_rewards([4]), torch.zeros(2, GROUP)])], dim=1)
+    valid = torch.cat([torch.ones(3, GROUP, dtype=torch.bool),
+                       torch.tensor([[True], [False], [False]]).expand(3, GROUP)], dim=1)
+    oracle = LZESelector(12, CONFIG)
+    assert oracle.step(merged, torch.tensor([5, 7, 9]), valid).keep_mask.tolist() == [
+        True, False, False]  # the selector's pick: row 5
+    assert torch.equal(lze.selector.state.fstate, oracle.state.fstate)  # one update per row
+    assert lze.selector.state.istate[[5, 7, 9], SEEN].tolist() == [1, 1, 1]
+    assert rows_in(trainer, batch) == [7, 9]
+    got = advantages(batch, trainer.config.algorithm.adv_estimator)
+    torch.testing.assert_close(got, advantages(batch, "grpo"), rtol=0, atol=1e-6)
+    assert bool((got.abs().sum(dim=1) > 0).all())
+
+
 def test_settings_that_break_the_selection_are_refused(registered):
     lze = LZEAdvantage(12, CONFIG)
     loader = types.SimpleNamespace(sampler=None, num_workers=0)
@@ -288,7 +393,7 @@ def test_selection_off_equals_verls_grpo_after_balance_batch(registered):
         lze = LZEAdvantage(10, CONFIG, method=method)
         name = registered(lze)
         lze.bind_uids(batch.non_tensor_batch["uid"],
-                      [trainer._rows_by_uid[u] for u in batch.non_tensor_batch["uid"]])
+                      [ROW_OF_UID[u] for u in batch.non_tensor_batch["uid"]])
         torch.testing.assert_close(advantages(batch, name), advantages(batch, "grpo"),
                                    rtol=0, atol=1e-6)
 
@@ -402,6 +507,21 @@ def test_observe_refuses_bad_rows_and_leaves_the_state(method):
         with pytest.raises(ValueError, match=name):
             sampler.observe(ids, rewards)
     assert same(sampler.state_dict(), before)
+
+
+@pytest.mark.parametrize("method", ["pruner", "greso", "dots"])
+def test_a_first_observation_of_one_row_only_is_refused_with_the_fix(method):
+    """A forward sampler's first observation whose groups all carry one row (a dataset without
+    extra_info.index) is refused, naming the fix, before any state changes; once the sampler
+    has observed a step, a batch may repeat one row (a pruner with one prompt left)."""
+    sampler = ForwardSampler(NUM_PROMPTS, BATCH, method, selector=LZESelector(NUM_PROMPTS),
+                             greso=GresoFilter(NUM_PROMPTS), embeddings=torch.eye(NUM_PROMPTS))
+    before = sampler.state_dict()
+    with pytest.raises(ValueError, match=r"prompt_ids: .*extra_info\.index"):
+        sampler.observe(torch.tensor([0, 0, 0]), group_rewards([1, 3, 2]))
+    assert same(sampler.state_dict(), before)
+    sampler.observe(torch.tensor([1, 2]), group_rewards([1, 3]))
+    sampler.observe(torch.tensor([4, 4]), group_rewards([1, 3]))
 
 
 # ----------------------------------------------------------------------------- repeated rows

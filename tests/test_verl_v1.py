@@ -39,7 +39,7 @@ from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn  # noqa: E402
 
 GROUP, NUM_PROMPTS = 4, 16
 # Pass counts (of GROUP) per dataset row: distinct mixed values so LZE's energies do not tie.
-PASS_COUNT = {row: [1, 2, 3, 0, 4][row % 5] for row in range(NUM_PROMPTS)}
+PASS_COUNT = {row: [1, 2, 3, 0, 4][row % 5] for row in range(1024)}
 
 
 @pytest.fixture(scope="module")
@@ -64,14 +64,15 @@ class Rollouts:
             return rows
         return [int(next(self.order)["index"][0]) for _ in range(count)]
 
-    def dispatch(self, count):
+    def dispatch(self, count, sizes=None):
+        """Roll out ``count`` prompts, GROUP trajectories each (``sizes``: so many per prompt)."""
         rows = self.fetch(count)
         uids = [uuid.uuid4().hex for _ in rows]
         tq.kv_batch_put(keys=uids, partition_id="train", tags=[
             {"is_prompt": True, "status": "finished", "global_steps": self.step} for _ in rows])
         keys, fields = [], []
-        for uid, row in zip(uids, rows):
-            for session in range(GROUP):
+        for uid, row, size in zip(uids, rows, sizes or [GROUP] * len(rows)):
+            for session in range(size):
                 length = 3 + session
                 reward = torch.zeros(length)
                 reward[-1] = float(session < PASS_COUNT[row])
@@ -86,10 +87,31 @@ class Rollouts:
         return len(self.dispatch(count))
 
 
-def buffer(rollouts, **options):
+def buffer(rollouts, refill_fn=None, **options):
     kwargs = OmegaConf.create({"num_prompts": NUM_PROMPTS, **options})
     return LZEReplayBuffer("sync", OmegaConf.create({}), None, "drop", kwargs,
-                           poll_interval=0.01, refill_fn=rollouts.refill)
+                           poll_interval=0.01, refill_fn=refill_fn or rollouts.refill)
+
+
+class UpdateShape:
+    """The parts of verl's v1 trainer the buffer reads through its refill_fn (the trainer's own
+    ``_add_prompts_to_generate``): the config, the actor's data-parallel ranks, and verl's own
+    ``_get_required_batch_multiple`` (the rows its update takes without padding)."""
+
+    _get_required_batch_multiple = PPOTrainerSync._get_required_batch_multiple
+
+    def __init__(self, rollouts, mini_batch, data_parallel):
+        self.rollouts = rollouts
+        self.config = OmegaConf.create({
+            "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": mini_batch},
+                                  "rollout": {"n": GROUP}},
+            "trainer": {"critic_warmup": 0}})
+        self.use_critic, self.global_steps = False, 1
+        self.actor_rollout_wg = types.SimpleNamespace(
+            _dispatch_info={"actor": list(range(data_parallel))})
+
+    def _add_prompts_to_generate(self, count):
+        return self.rollouts.refill(count)
 
 
 def batch_rows(batch):
@@ -129,20 +151,73 @@ def test_topk_updates_on_the_top_k_of_the_k_prompts_rolled_out(transfer_queue):
     clear_train_partition()
 
 
-def test_topk_hands_over_only_groups_with_energy(transfer_queue):
+def test_topk_fills_k_with_the_next_groups_by_energy(transfer_queue):
     """Rows 3 and 4 are all wrong / all right (energy 0): of K = 4 with k = 3, the two mixed
-    groups go to the update (v1 pads the batch), not a zero-energy one; a batch with no mixed
-    group hands over its first group so that verl's step has a batch."""
+    groups and the next by energy (row 3, first in batch order) go to the update, so v1 adds no
+    no-op padding rows; a batch with no mixed group hands over k groups the same way."""
     rollouts = Rollouts(order=[3, 1, 4, 2, 3, 4, 8, 9])
     rb = buffer(rollouts, lze={"keep_ratio": 0.75, "noise_scale": 0.0})
     rollouts.dispatch(4)
     batch, metrics = rb.sample(global_steps=1, partition_id="train", batch_size=4)
-    assert batch_rows(batch) == [1, 2] and metrics["lze/kept_groups"] == 2
+    assert batch_rows(batch) == [1, 2, 3] and metrics["lze/kept_groups"] == 3
+    assert metrics["lze/keep_ratio_effective"] == 0.75
     clear_train_partition()
     rollouts.step = 2
     rollouts.dispatch(4)
     batch, _ = rb.sample(global_steps=2, partition_id="train", batch_size=4)
-    assert batch_rows(batch) == [3]
+    assert batch_rows(batch) == [3, 4, 8]  # of 3, 4, 8, 9, all without a learning signal
+    clear_train_partition()
+
+
+@pytest.mark.parametrize("batch_size, mini_batch, data_parallel, keep_ratio, kept", [
+    (1024, 256, 8, 0.4, 512),  # k0 = 409 rounds to 2 mini-batches: 0.5, within 0.4 +/- 0.125
+    (16, 4, 2, 0.3, 4),  # k0 = 4 is one mini-batch
+    (16, 16, 2, 0.5, 16)])  # ppo_mini_batch_size = train_batch_size: one mini-batch, all
+def test_topk_keeps_whole_mini_batches_of_the_update(transfer_queue, batch_size, mini_batch,
+                                                     data_parallel, keep_ratio, kept):
+    """The buffer reads the rows verl's update takes without padding (the trainer's own
+    _get_required_batch_multiple at its data-parallel size) and keeps floor(K x keep_ratio)
+    groups rounded to the nearest whole number of mini-batches; the step logs the effective
+    ratio."""
+    rollouts = Rollouts(order=list(range(batch_size)))
+    shape = UpdateShape(rollouts, mini_batch, data_parallel)
+    rb = buffer(rollouts, refill_fn=shape._add_prompts_to_generate, num_prompts=batch_size,
+                lze={"keep_ratio": keep_ratio, "noise_scale": 0.0})
+    rollouts.dispatch(batch_size)
+    batch, metrics = rb.sample(global_steps=1, partition_id="train", batch_size=batch_size)
+    assert metrics["lze/kept_groups"] == kept and len(batch.keys) == kept * GROUP
+    assert metrics["lze/keep_ratio_effective"] == kept / batch_size
+    assert abs(kept / batch_size - keep_ratio) <= mini_batch / batch_size / 2 or kept == mini_batch
+    assert len(batch.keys) % shape._get_required_batch_multiple(data_parallel) == 0
+    clear_train_partition()
+
+
+def test_topk_keeps_groups_of_unequal_size_whole_counted_by_rows(transfer_queue):
+    """An agent loop that splits or drops trajectories leaves groups of 1 to 7 rows: the buffer
+    keeps whole groups, in ranking order, whose rows come nearest to k groups' share of the rows
+    (k = 4 of 8 groups, 32 rows: 16); v1 pads the remainder as it does for plain GRPO."""
+    rows = [0, 1, 2, 5, 6, 7, 10, 11]
+    sizes = [7, 1, 4, 2, 6, 4, 3, 5]
+    rollouts = Rollouts(order=list(rows))
+    rb = buffer(rollouts, lze={"keep_ratio": 0.5, "noise_scale": 0.0})
+    rollouts.dispatch(8, sizes=sizes)
+    batch, metrics = rb.sample(global_steps=1, partition_id="train", batch_size=8)
+    kept_rows = batch_rows(batch)
+    kept_sizes = [sizes[rows.index(r)] for r in kept_rows]
+    assert len(batch.keys) == sum(kept_sizes) and abs(sum(kept_sizes) - 16) <= max(sizes) / 2
+    assert metrics["lze/kept_groups"] == len(kept_rows)
+    clear_train_partition()
+
+
+def test_a_dataset_without_row_indices_is_refused_at_the_first_step(transfer_queue):
+    """Every trajectory carries index 0 (verl's fill for a missing extra_info.index): the first
+    selection refuses it with the fix, the selector untouched."""
+    rollouts = Rollouts(order=[0] * 4)
+    rb = buffer(rollouts, lze={"keep_ratio": 0.5})
+    rollouts.dispatch(4)
+    with pytest.raises(ValueError, match=r"extra_info\.index.*with_indices=True"):
+        rb.sample(global_steps=1, partition_id="train", batch_size=4)
+    assert int(rb.selector.state.step_counter[0]) == 0
     clear_train_partition()
 
 

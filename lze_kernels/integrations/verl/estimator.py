@@ -244,16 +244,26 @@ class LZEAdvantage:
         return self.last
 
     def select(self, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index,
-               prompt_index=None) -> Selected:
+               prompt_index=None, equal_groups: bool = False) -> Selected:
         """Check the step's inputs, then run the method on its groups (the selector's state
         update); the bound rows are used up only when the step succeeds. A row that comes in
-        two groups is one observation (:mod:`.rows`)."""
+        two groups is one observation (:mod:`.rows`). ``equal_groups``: refuse uid groups of
+        unequal size (a trainer that keeps whole mini-batches of groups)."""
         _check_token_tensors(token_level_rewards, response_mask)
         scores = token_level_rewards.sum(dim=-1).to(self.device)
         groups = group_by_uid(index, self.device)
         if groups.row.shape[0] != scores.shape[0]:
             raise ValueError(f"index: expected {scores.shape[0]} uids (one per response), "
                              f"got {groups.row.shape[0]}")
+        if equal_groups and not groups.full:
+            sizes = np.bincount(groups.host_row)
+            raise ValueError(
+                f"index: uid groups of {sizes.min()} to {sizes.max()} responses; verl's legacy "
+                "trainer joins rollout.n responses to each prompt, and LZE keeps whole groups "
+                "in whole mini-batches of ppo_mini_batch_size x rollout.n rows. An agent loop "
+                "that drops or splits trajectories (actor_rollout_ref.rollout.agent."
+                "default_agent_loop, agent_loop_config_path) needs the v1 trainer, whose "
+                "LZEReplayBuffer counts the kept groups by rows")
         raw, valid = _layout(scores, groups)
         group_rows = self._group_rows(self._rows(prompt_index, index), groups)
         rows = select_on_rows(self.method, self.selector, raw, valid, group_rows, self.score_fn)

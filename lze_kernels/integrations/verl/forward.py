@@ -41,7 +41,7 @@ from torch.utils.data import Sampler
 from ... import dots
 from ...greso import GresoFilter
 from ...selector import LZESelector
-from .rows import check_row_range, find_repeats, merge_groups
+from .rows import check_row_range, check_rows_differ, find_repeats, merge_groups
 
 METHODS = ("pruner", "greso", "dots")
 _FORMAT = "lze_kernels.verl.forward/1"
@@ -157,6 +157,7 @@ class ForwardSampler(Sampler[int]):
         if prompt_ids.numel() == 0:
             raise ValueError("prompt_ids: expected at least one row, got none")
         check_row_range(prompt_ids.numpy(), self.num_prompts, "prompt_ids")
+        check_rows_differ(prompt_ids.numpy(), lambda: self.steps, "prompt_ids")
         if (not isinstance(rewards, torch.Tensor) or not torch.is_floating_point(rewards)
                 or rewards.dim() != 2 or rewards.shape[0] != prompt_ids.shape[0]
                 or rewards.device.type != "cpu"):

@@ -21,20 +21,21 @@ tokens only, so the update is plain GRPO on a batch of the kept groups. The over
   (:meth:`~.estimator.LZEAdvantage.expect_selected`: ``compute_advantage`` then computes verl's
   GRPO advantages of those groups, with no second selection); then verl's own ``_balance_batch``
   on the cut batch;
-* ``init_workers`` checks the kept-group count against the data-parallel size;
+* ``init_workers`` prints the kept-group count and the effective keep ratio;
 * ``_save_checkpoint`` / ``_load_checkpoint`` keep the selection state in
   ``global_step_N/lze_selection.pt``, beside verl's ``data.pt``, which verl skips on a resume at
   an epoch boundary (``global_steps % steps_per_epoch == 0``).
 
-How many groups go on (fixed per step for LZE): verl splits the update into mini-batches of
-``ppo_mini_batch_size x n`` rows and the batch over the data-parallel ranks, so the count k must
-be a multiple of ``ppo_mini_batch_size`` and ``k x n`` of the data-parallel size. LZE keeps
-``k`` = the largest such multiple not above ``floor(B x keep_ratio)`` (an error at start-up names
-the numbers when there is none). The groups are the selector's top-k by energy; when fewer than
-k groups have energy > 0 (groups whose rewards are all equal, with no learning signal), the
-rest of the k are the next groups by energy, as plain GRPO on a batch of k groups would train
-on them. DAPO keeps the groups whose rewards are not all equal, filled the same way up to the
-next such multiple.
+How many groups go on (fixed per step for LZE, :mod:`.minibatch`): verl splits the update into
+mini-batches of ``ppo_mini_batch_size x n`` rows and the batch over the data-parallel ranks (with
+``actor.use_prefix_grouper``, whole groups per rank), so LZE keeps ``floor(B x keep_ratio)``
+groups rounded to the nearest whole number of mini-batches (``lze/keep_ratio_effective`` logs
+the result every step). The groups are the selector's top-k by energy, in the order of
+:meth:`~.rows.RowSelection.ranking`; when fewer groups than k can learn (groups whose rewards are
+all equal have zero advantages), the rest of the k are the next groups by energy, as plain GRPO
+on a batch of k groups would train on them. DAPO keeps the groups whose rewards are not all
+equal, filled the same way up to the next whole mini-batch. Every group must have ``rollout.n``
+responses (verl's legacy ``fit`` joins the rollout to the batch row by row).
 """
 
 from __future__ import annotations
@@ -48,11 +49,12 @@ import torch
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
-from ...config import num_keep
 from ...serialization import load_state_file
 from ..selection import selection_metrics, unit_scores
 from .estimator import LZEAdvantage, Selected, _layout, group_by_uid, rows_by_uid
 from .forward import ForwardSampler
+from .minibatch import group_unit, groups_to_train
+from .rows import INDEX_FIX
 
 SELECTION_FILE = "lze_selection.pt"
 _FORMAT = "lze_kernels.verl.legacy/1"
@@ -74,7 +76,9 @@ class LZERayPPOTrainer(RayPPOTrainer):
             batch = self.config.data.train_batch_size
             kept = self.groups_to_keep(batch, estimator, 0)
             print(f"LZE keeps {kept} of {batch} groups per step ({kept * self._rollout_n()} "
-                  "rows past the reward)")
+                  f"rows past the reward): keep_ratio_effective {kept / batch:.4g} for keep_ratio "
+                  f"{estimator.selector.config.keep_ratio}, in whole mini-batches of "
+                  f"ppo_mini_batch_size groups")
 
     def _get_gen_batch(self, batch):
         self.bind_rows(batch)
@@ -106,11 +110,16 @@ class LZERayPPOTrainer(RayPPOTrainer):
 
     def bind_rows(self, batch) -> None:
         """Remember the step's uid -> dataset row (``non_tensor_batch`` ``uid`` and ``index``)."""
+        if "index" not in batch.non_tensor_batch:
+            raise ValueError(f"index: the batch carries no dataset rows (non_tensor_batch"
+                             f"['index'], from extra_info.index); {INDEX_FIX}")
         self._rows_by_uid = rows_by_uid(batch.non_tensor_batch["uid"],
                                         batch.non_tensor_batch["index"])
 
     def select_rows(self, batch, metrics: dict) -> None:
-        """Feed the forward sampler, select, and cut ``batch`` in place to the kept groups."""
+        """Feed the forward sampler, select, and cut ``batch`` in place to the kept groups. The
+        step's uid binding is used up by a selection that succeeds (a second call on the same
+        step's batch is refused, not selected again)."""
         estimator, sampler = self._estimator(), self._forward_sampler()
         if estimator is None and sampler is None:
             return
@@ -122,25 +131,29 @@ class LZERayPPOTrainer(RayPPOTrainer):
             groups = group_by_uid(uids, "cpu")
             raw, valid = _layout(rewards.sum(dim=-1).float().cpu(), groups)
             self._observe(sampler, rows[groups.host_first], raw, valid, None)
+            self._rows_by_uid = {}
             return
         selected = estimator.select(rewards, batch.batch["response_mask"], uids,
-                                    prompt_index=rows)
+                                    prompt_index=rows, equal_groups=True)
         if sampler is not None:
             self._observe(sampler, rows[selected.groups.host_first], selected.raw,
                           selected.valid, estimator.score_fn)
-        kept_rows = self._cut_to_kept(batch, selected, estimator)
+        self._rows_by_uid = {}
+        rolled_out = selected.groups.host_first.shape[0]
+        kept_groups, kept_rows = self._cut_to_kept(batch, selected, estimator)
         estimator.expect_selected(batch.non_tensor_batch["uid"], selected)
         metrics.update(selection_metrics(selected.rows.selection, estimator.selector))
         # verl's own critic/score/* metrics describe the kept rows from here on.
-        metrics.update({"lze/groups_rolled_out": selected.groups.host_first.shape[0],
+        metrics.update({"lze/groups_rolled_out": rolled_out,
                         "lze/rows_past_reward": kept_rows,
+                        "lze/keep_ratio_effective": kept_groups / rolled_out,
                         "lze/score_mean_rolled_out": float(selected.scores.mean())})
 
-    def groups_to_keep(self, num_groups: int, estimator: LZEAdvantage, num_positive: int) -> int:
-        """The groups one step keeps (module docstring): a multiple of ``ppo_mini_batch_size``
-        whose rows divide among the data-parallel ranks."""
+    def groups_to_keep(self, num_groups: int, estimator: LZEAdvantage, num_selected: int) -> int:
+        """The groups one step keeps (module docstring): whole mini-batches whose rows divide
+        among the data-parallel ranks."""
         dp = self._get_dp_size(self.actor_rollout_wg, "actor")
-        return groups_to_keep(self.config, num_groups, estimator, num_positive, dp)
+        return groups_to_keep(self.config, num_groups, estimator, num_selected, dp)
 
     def selection_state_dict(self) -> dict:
         """The selection parts' state (what ``lze_selection.pt`` holds)."""
@@ -179,9 +192,10 @@ class LZERayPPOTrainer(RayPPOTrainer):
     def _response_rows(self, uids) -> np.ndarray:
         missing = [uid for uid in uids.tolist() if uid not in self._rows_by_uid]
         if missing:
-            raise ValueError(f"uid: {len(missing)} responses carry uids _get_gen_batch never saw "
-                             f"(e.g. {missing[0]!r}); LZERayPPOTrainer binds each step's uids "
-                             "to their dataset rows there")
+            raise ValueError(f"uid: {len(missing)} responses carry uids with no dataset row bound "
+                             f"(e.g. {missing[0]!r}); LZERayPPOTrainer binds each step's uids in "
+                             "_get_gen_batch and its selection uses the binding up, so "
+                             "_balance_batch selects once per step")
         return np.fromiter(map(self._rows_by_uid.__getitem__, uids.tolist()), np.int64,
                            len(uids))
 
@@ -201,16 +215,17 @@ class LZERayPPOTrainer(RayPPOTrainer):
         sampler.observe(torch.from_numpy(group_rows), rewards,
                         None if valid is None else valid.cpu())
 
-    def _cut_to_kept(self, batch, selected: Selected, estimator: LZEAdvantage) -> int:
+    def _cut_to_kept(self, batch, selected: Selected,
+                     estimator: LZEAdvantage) -> tuple[int, int]:
         """Keep the rows of the step's first k groups by the method's ranking (in batch order);
-        returns the rows kept."""
-        order, positive = selected.rows.ranking()
-        count = self.groups_to_keep(len(order), estimator, positive)
+        returns the groups and the rows kept."""
+        order, num_selected = selected.rows.ranking()
+        count = self.groups_to_keep(len(order), estimator, num_selected)
         chosen = np.zeros(len(order), dtype=bool)
         chosen[order[:count]] = True
         rows = np.flatnonzero(chosen[selected.groups.host_row])
         batch.reorder(torch.from_numpy(rows))
-        return rows.shape[0]
+        return count, rows.shape[0]
 
     def _resumed_folder(self) -> str:
         """The ``global_step_N`` folder verl's ``_load_checkpoint`` resumed from."""
@@ -222,8 +237,7 @@ class LZERayPPOTrainer(RayPPOTrainer):
 
 
 def check_settings(config, dataloader, estimator: Optional[LZEAdvantage]) -> None:
-    """Refuse the settings under which the selection would act late or on stale state, or keep
-    no whole mini-batch (the data-parallel size is checked once the workers exist)."""
+    """Refuse the settings under which the selection would act late or on stale state."""
     sampler = dataloader.sampler if isinstance(dataloader.sampler, ForwardSampler) else None
     if sampler is not None and dataloader.num_workers != 0:
         raise ValueError(f"data.dataloader_num_workers: the forward sampler needs 0 (got "
@@ -233,8 +247,6 @@ def check_settings(config, dataloader, estimator: Optional[LZEAdvantage]) -> Non
         raise ValueError("trainer.balance_batch: LZERayPPOTrainer selects in _balance_batch, "
                          "the one step of fit between the rewards and the log-prob passes; set "
                          "it to true")
-    if estimator is not None and estimator.method == "lze":  # the mini-batch part, before dp
-        groups_to_keep(config, config.data.train_batch_size, estimator, 0, dp=1)
     if sampler is not None and sampler.method == "pruner" and (
             estimator is None or sampler.selector is not estimator.selector):
         raise ValueError("train_sampler: the pruner skips the prompts the registered "
@@ -242,24 +254,16 @@ def check_settings(config, dataloader, estimator: Optional[LZEAdvantage]) -> Non
                          "selector=<that estimator>.selector")
 
 
-def groups_to_keep(config, num_groups: int, estimator: LZEAdvantage, num_positive: int,
+def groups_to_keep(config, num_groups: int, estimator: LZEAdvantage, num_selected: int,
                    dp: int) -> int:
-    """:meth:`LZERayPPOTrainer.groups_to_keep` for a data-parallel size ``dp``."""
-    mini = config.actor_rollout_ref.actor.ppo_mini_batch_size
-    n = config.actor_rollout_ref.rollout.n
-    unit = math.lcm(mini, dp // math.gcd(dp, n))
-    if estimator.method == "dapo":
-        return min(num_groups, max(unit, -(-num_positive // unit) * unit))
-    ratio = estimator.selector.config.keep_ratio
-    most = num_keep(num_groups, ratio)
-    if most < unit:
-        raise ValueError(
-            f"actor_rollout_ref.actor.ppo_mini_batch_size: LZE keeps at most {most} of "
-            f"{num_groups} groups per step (keep_ratio {ratio}); verl needs the kept groups in "
-            f"whole mini-batches of ppo_mini_batch_size ({mini}) groups, and their rows (groups "
-            f"x rollout.n = {n}) divisible by the data-parallel size ({dp}), so a multiple of "
-            f"{unit} groups: lower ppo_mini_batch_size or raise keep_ratio")
-    return most // unit * unit
+    """:meth:`LZERayPPOTrainer.groups_to_keep` for a data-parallel size ``dp``: the rows of a
+    multiple of ``ppo_mini_batch_size`` groups divisible by ``dp`` (with
+    ``use_prefix_grouper``, the groups themselves)."""
+    actor, n = config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout.n
+    unit = group_unit(math.lcm(actor.ppo_mini_batch_size * n, dp), n, dp,
+                      whole_groups_per_rank=bool(actor.get("use_prefix_grouper", False)))
+    ratio = estimator.selector.config.keep_ratio if estimator.selector is not None else 1.0
+    return groups_to_train(estimator.method, num_groups, ratio, num_selected, unit)
 
 
 def _registered_estimator(name):

@@ -11,14 +11,16 @@ and the groups it leaves out cost no log-prob pass and no actor update at all.
 
 * ``topk`` (the default; LZE as its paper runs it, docs/spec.md §4): the trainer has dispatched
   K = ``batch_size`` prompts (``prepare_step``); verl's own ``ReplayBuffer.sample`` waits for
-  them and materialises the groups; the selection method keeps whole groups: LZE the top
-  ``k = floor(K x keep_ratio)`` by energy among the groups with energy > 0
-  (:class:`~lze_kernels.LZESelector`, its state keyed by dataset row), DAPO the groups whose
-  rewards are not all equal. The update gets those groups (at most k; v1 pads the batch to its
-  mini-batch multiple with no-op rows, ``upsample_batch_to_divisible_size``); the dropped
-  groups' trajectories leave TransferQueue. K prompts rolled out, at most k groups updated. A
-  batch in which no group has a learning signal (every group's rewards equal) hands over its
-  first group, so that verl's step has a batch.
+  them and materialises the groups; the selection method keeps whole groups: LZE
+  ``floor(K x keep_ratio)`` rounded to the nearest whole number of the mini-batches verl's
+  update takes without padding rows (:mod:`.minibatch`, from the trainer's own
+  ``_get_required_batch_multiple``), the top by energy (:class:`~lze_kernels.LZESelector`, its
+  state keyed by dataset row) and, when fewer groups can learn, the next by energy; DAPO the
+  groups whose rewards are not all equal, filled the same way to a whole mini-batch. So v1 adds
+  no no-op rows (``upsample_batch_to_divisible_size``) where plain GRPO adds none. Groups of
+  unequal size (an agent loop that splits or drops trajectories) are kept whole and counted by
+  rows: the leading groups whose rows come nearest to k groups' share of the rows; v1 pads the
+  rest as it does for plain GRPO. The dropped groups' trajectories leave TransferQueue.
 * ``refill``: trains on K selected groups, paying more rollouts for a full update: the buffer
   dispatches ``ceil(K / keep_ratio) - K`` more prompts through verl's ``refill_fn``, keeps the
   method's pick, and while fewer than K groups are kept it refills the shortfall
@@ -62,7 +64,7 @@ import transfer_queue as tq
 from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 
-from ...config import LZEConfig, num_keep
+from ...config import LZEConfig
 from ...selector import LZESelector
 from ...greso import GresoConfig, GresoFilter
 from ...serialization import load_state_file
@@ -70,7 +72,8 @@ from ..selection import check_method, selection_metrics, unit_scores
 from . import checkpoint
 from .estimator import _layout, group_by_uid
 from .forward import ForwardSampler
-from .rows import check_row_range, host_rows, select_on_rows
+from .minibatch import group_unit, groups_to_train, leading_groups_near
+from .rows import INDEX_FIX, check_row_range, host_rows, select_on_rows
 
 REWARD_FIELD = "rm_scores"  # verl's token-level reward of each trajectory (the canonical one)
 MODES = ("topk", "refill")
@@ -121,14 +124,15 @@ class LZEReplayBuffer(ReplayBuffer):
             checkpoint.register(checkpoint.FORWARD, self.forward)
 
     def sample(self, global_steps: int, partition_id: str, batch_size: int):
-        """verl's ``sample``: ``(KVBatchMeta, metrics)`` of the groups the update gets (topk: at
-        most ``floor(batch_size x keep_ratio)``; refill: up to ``batch_size``)."""
+        """verl's ``sample``: ``(KVBatchMeta, metrics)`` of the groups the update gets (topk:
+        ``floor(batch_size x keep_ratio)`` in whole mini-batches; refill: up to
+        ``batch_size``)."""
         if partition_id == "val":
             return super().sample(global_steps, partition_id, batch_size)
         self._rolled_out_scores = []
         if self.mode == "topk":
             batch, metrics = super().sample(global_steps, partition_id, batch_size)
-            keys, tags, kept = self._select(batch, num_keep(batch_size, self.keep_ratio))
+            keys, tags, kept = self._select(batch)
             return self._batch(partition_id, keys, tags, metrics, kept, 1, batch_size)
         return self._sample_with_refills(global_steps, partition_id, batch_size)
 
@@ -168,6 +172,7 @@ class LZEReplayBuffer(ReplayBuffer):
         score_mean = torch.cat(self._rolled_out_scores).mean().item()
         metrics.update({"lze/rounds": rounds, "lze/kept_groups": kept_groups,
                         "lze/groups_rolled_out": rolled_out,
+                        "lze/keep_ratio_effective": kept_groups / rolled_out,
                         "lze/score_mean_rolled_out": score_mean, **self.last_metrics})
         return KVBatchMeta(partition_id=partition_id, keys=keys, tags=tags), metrics
 
@@ -184,9 +189,10 @@ class LZEReplayBuffer(ReplayBuffer):
         self.refill_fn(prompts)
         return prompts
 
-    def _select(self, batch: KVBatchMeta, wanted: int):
-        """``(keys, tags, num_kept)`` of the best ``wanted`` groups the method keeps in ``batch``
-        (topk: with energy > 0, at least one); the others leave TransferQueue."""
+    def _select(self, batch: KVBatchMeta, wanted: Optional[int] = None):
+        """``(keys, tags, num_kept)``: topk (``wanted`` None) the groups the step trains on
+        (module docstring); refill the best ``wanted`` of the groups the method selects. The
+        others leave TransferQueue."""
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
                                select_fields=[REWARD_FIELD, self.index_field])
         scores = torch.stack([reward.sum() for reward in data[REWARD_FIELD]]).float()
@@ -199,11 +205,14 @@ class LZEReplayBuffer(ReplayBuffer):
             self.forward.observe(torch.as_tensor(rows), unit_scores(raw, valid, self.score_fn),
                                  valid)
         selection = select_on_rows(self.method, self.selector, raw, valid, rows, self.score_fn)
-        order, positive = selection.ranking()
-        if self.mode == "topk":
-            count = max(1, min(wanted, positive))
+        order, num_selected = selection.ranking()
+        if wanted is None:
+            groups_wanted = groups_to_train(self.method, len(order), self.keep_ratio,
+                                            num_selected, self._update_unit())
+            rows_wanted = groups_wanted * len(batch.keys) / len(order)
+            count = leading_groups_near(np.bincount(groups.host_row)[order], rows_wanted)
         else:
-            count = min(wanted, int(selection.keep.sum()))
+            count = min(wanted, num_selected)
         self.last_metrics = selection_metrics(selection.selection, self.selector)
         keep_group = np.zeros(len(order), dtype=bool)
         keep_group[order[:count]] = True
@@ -214,6 +223,21 @@ class LZEReplayBuffer(ReplayBuffer):
         keys = [key for key, kept in zip(batch.keys, keep) if kept]
         tags = [tag for tag, kept in zip(batch.tags, keep) if kept]
         return keys, tags, count
+
+    def _update_unit(self) -> int:
+        """The fewest groups of ``rollout.n`` rows verl's v1 update takes without padding rows
+        (the rows its ``_get_required_batch_multiple`` asks at the actor's data-parallel size,
+        read as its ``_balance_batch`` reads it), from the trainer whose
+        ``_add_prompts_to_generate`` is the buffer's ``refill_fn``; 1 without one."""
+        trainer = getattr(self.refill_fn, "__self__", None)
+        if not hasattr(trainer, "_get_required_batch_multiple"):
+            return 1
+        workers = trainer.actor_rollout_wg
+        if "actor" not in workers._dispatch_info:
+            workers._dispatch_info["actor"] = workers._query_dispatch_info("actor")
+        data_parallel = max(workers._dispatch_info["actor"]) + 1
+        return group_unit(trainer._get_required_batch_multiple(data_parallel),
+                          trainer.config.actor_rollout_ref.rollout.n)
 
     def _forward_sampler(self, options: dict, num_prompts) -> ForwardSampler:
         """``sampler_kwargs.forward``: ``method`` (pruner / greso / dots), ``batch_size``
@@ -243,7 +267,8 @@ class LZEReplayBuffer(ReplayBuffer):
     def _group_rows(self, values, groups) -> np.ndarray:
         """[num_groups] dataset row of each group, checked to be one row per group."""
         if values is None:
-            raise ValueError(f"index_field: the trajectories carry no {self.index_field!r} field")
+            raise ValueError(f"index_field: the trajectories carry no {self.index_field!r} field "
+                             f"(the dataset row, from extra_info.index); {INDEX_FIX}")
         listed = values.tolist() if hasattr(values, "tolist") else list(values)
         rows = host_rows(listed, f"index_field ({self.index_field!r})")
         group_rows = rows[groups.host_first]

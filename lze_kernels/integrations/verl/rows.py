@@ -6,22 +6,33 @@ permutation, verl's own sampler under ``data.gen_batch_size`` fetches) may draw 
 of one pass and again early in the next. Such groups are two samples of the same prompt under
 the same policy, so the selection takes them as what the data says: **one observation of the
 row, its pass rate over the rollouts of all its groups**. The row's state is updated once, its
-energy is shared by its groups, each group keeps its own GRPO advantages (its own uid), and the
-groups are kept or dropped by that shared energy (:func:`select_on_rows`). A batch without
-repeats takes exactly the selector's single step on its groups.
+energy is shared by its groups, and each group keeps its own GRPO advantages (its own uid). Which
+groups take the step's kept slots is decided group by group (:meth:`RowSelection.ranking`): a
+group whose own rewards are all equal (zero advantages: no gradient) ranks after every group
+whose rewards differ, so a row with an all-wrong and an all-right group (merged pass rate 1/2)
+does not take two slots from groups that can learn. A batch without repeats takes exactly the
+selector's single step on its groups.
+
+A batch whose groups all carry one dataset row is what a dataset without ``extra_info.index``
+gives (verl fills a missing index with 0): the first step refuses it (:func:`check_rows_differ`).
 """
 
 from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 import torch
 
+from ... import ops
 from ...selector import LZESelector
 from ..selection import GroupSelection, ScoreFn, select_groups
+
+INDEX_FIX = ("write each example's row number into its extra_info.index when preparing the "
+             "dataset (verl's examples/data_preprocess scripts do: extra_info={'index': idx} in "
+             "the function they map over the dataset with with_indices=True)")
 
 
 def host_rows(values, name: str = "prompt_index") -> np.ndarray:
@@ -50,6 +61,18 @@ def check_row_range(rows: np.ndarray, num_prompts: int, name: str = "prompt_inde
     if low < 0 or high >= num_prompts:
         raise ValueError(f"{name}: expected dataset rows in [0, {num_prompts}), got rows in "
                          f"[{low}, {high}]")
+
+
+def check_rows_differ(group_rows: np.ndarray, steps_taken: Callable[[], int],
+                      name: str = "prompt_index") -> None:
+    """At the first step (``steps_taken()`` = 0, read only when needed), two or more groups
+    that all carry one dataset row mean the rows are missing or wrong: refused with the fix.
+    (Later a batch can legitimately repeat a row, e.g. a pruner with one prompt left.)"""
+    if group_rows.shape[0] < 2 or (group_rows != group_rows[0]).any() or steps_taken() > 0:
+        return
+    raise ValueError(f"{name}: all {group_rows.shape[0]} groups of the first step carry dataset "
+                     f"row {int(group_rows[0])}; LZE keeps each prompt's history by its row, and "
+                     f"verl fills a missing extra_info.index with 0. Fix: {INDEX_FIX}")
 
 
 @dataclass
@@ -99,7 +122,8 @@ def merge_groups(rewards: torch.Tensor, valid: Optional[torch.Tensor], repeats: 
 class RowSelection:
     """A selection method's pick among a step's groups, their rows possibly repeated."""
 
-    keep: torch.Tensor  # [num_groups] bool: the method keeps the group
+    keep: torch.Tensor  # [num_groups] bool: the method keeps the group (LZE: its row)
+    varied: torch.Tensor  # [num_groups] bool: the group's own rewards are not all equal
     selection: GroupSelection  # over the distinct rows (LZE) or the groups (DAPO)
     repeats: Repeats
 
@@ -116,27 +140,18 @@ class RowSelection:
         return step.energy[torch.as_tensor(self.repeats.of_group, device=step.energy.device)]
 
     def ranking(self) -> tuple[list[int], int]:
-        """``(order, num_positive)``: every group, best first, and how many groups carry a
-        learning signal. LZE: the selector's kept rows in its order (descending noisy score),
-        each row's groups in batch order, then the other groups by descending energy (ties: batch
-        order); ``num_positive`` counts the groups with energy > 0. DAPO: the groups it keeps,
-        then the rest, both in batch order. One host copy."""
-        step = self.selection.step
-        if step is None:
-            keep = self.keep.cpu().numpy()
-            order = np.concatenate([np.flatnonzero(keep), np.flatnonzero(~keep)])
-            return order.tolist(), int(keep.sum())
-        energy = self.group_energy().cpu().numpy()
-        kept_rows = step.kept_indices.cpu().numpy()
-        kept_rows = kept_rows[kept_rows >= 0]
-        groups_of = np.argsort(self.repeats.of_group, kind="stable")  # grouped by row
-        counts = np.bincount(self.repeats.of_group, minlength=self.repeats.rows.shape[0])
-        starts = np.cumsum(counts) - counts
-        first = [groups_of[starts[r]:starts[r] + counts[r]] for r in kept_rows]
-        chosen = np.concatenate(first) if first else np.zeros(0, np.int64)
-        rest = np.setdiff1d(np.arange(energy.shape[0]), chosen)
-        rest = rest[np.argsort(-energy[rest], kind="stable")]
-        return np.concatenate([chosen, rest]).tolist(), int((energy > 0).sum())
+        """``(order, num_selected)``: every group, best first, and how many the method selects
+        (kept, with rewards that differ). The order: the groups whose own rewards differ before
+        those whose rewards are all equal; within each, the kept groups first (LZE: the rows the
+        selector keeps), then by descending energy (LZE), then batch order. One host copy; it
+        reads the selector's keep mask, never the order of its kept indices."""
+        energy = self.group_energy()
+        flags = torch.stack([self.keep, self.varied]).cpu().numpy()
+        keep, varied = flags[0], flags[1]
+        energy = (np.zeros(keep.shape[0], np.float32) if energy is None
+                  else energy.float().cpu().numpy())
+        order = np.lexsort((np.arange(keep.shape[0]), -energy, ~keep, ~varied))
+        return order.tolist(), int((keep & varied).sum())
 
 
 def select_on_rows(method: str, selector: Optional[LZESelector], rewards: torch.Tensor,
@@ -144,16 +159,20 @@ def select_on_rows(method: str, selector: Optional[LZESelector], rewards: torch.
                    score_fn: Optional[ScoreFn] = None) -> RowSelection:
     """Apply ``method`` to the groups ``rewards`` [num_groups, G] whose dataset rows are
     ``group_rows`` (checked in range by the caller; repeats allowed). LZE runs one selector step
-    on the distinct rows, a repeated row's groups merged (module docstring); DAPO is per group."""
+    on the distinct rows, a repeated row's groups merged (module docstring), after refusing a
+    first step whose groups all carry one row; DAPO is per group."""
     repeats = find_repeats(group_rows)
+    varied = ops.dapo_keep_mask(rewards, valid)
+    if method == "lze":
+        check_rows_differ(group_rows, lambda: int(selector.state.step_counter[0]))
     if method == "dapo" or not repeats.any:
         ids = torch.as_tensor(group_rows, device=rewards.device)
         selection = select_groups(method, selector, rewards, ids, valid, score_fn,
                                   ids_checked=True)
-        return RowSelection(selection.keep, selection, repeats)
+        return RowSelection(selection.keep, varied, selection, repeats)
     merged, merged_valid = merge_groups(rewards, valid, repeats)
     selection = select_groups(method, selector, merged,
                               torch.as_tensor(repeats.rows, device=rewards.device), merged_valid,
                               score_fn, ids_checked=True)
     of_group = torch.as_tensor(repeats.of_group, device=selection.keep.device)
-    return RowSelection(selection.keep.index_select(0, of_group), selection, repeats)
+    return RowSelection(selection.keep.index_select(0, of_group), varied, selection, repeats)
