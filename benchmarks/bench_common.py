@@ -1,8 +1,8 @@
 """What every benchmark here shares: fresh inputs per round, the timing loop, and the results
 files that collect cases across runs.
 
-Each round gets fresh binary rewards and fresh distinct ids, made outside the timed region from a
-seed that depends only on (B, G), so every variant sees the same sequence of inputs. On a GPU the
+Each round gets fresh binary rewards and fresh distinct ids, made on the device outside the timed
+region from a seed that depends only on (B, G), so every variant sees the same sequence of inputs. On a GPU the
 timed call ends with a device sync, and the median CUDA-event time and the number of device
 kernels of one call are recorded as well.
 """
@@ -30,14 +30,17 @@ class RoundInputs:
     def __init__(self, batch: int, group: int, device: torch.device):
         self.batch, self.group, self.device = batch, group, device
         self.num_prompts = PROMPTS_PER_ROW * batch
-        self.generator = torch.Generator().manual_seed(batch * 1000 + group)
+        # Drawn on the device: at B = 1M a round's 16M rewards would take longer to make on
+        # the host than the steps take to run.
+        self.generator = torch.Generator(device=device).manual_seed(batch * 1000 + group)
 
     def __call__(self):
-        g = self.generator
-        p_correct = torch.rand(self.batch, 1, generator=g)
-        rewards = (torch.rand(self.batch, self.group, generator=g) < p_correct).float()
-        ids = torch.randperm(self.num_prompts, generator=g)[: self.batch]
-        return (rewards.to(self.device), ids.to(self.device)), {}
+        g, device = self.generator, self.device
+        p_correct = torch.rand(self.batch, 1, generator=g, device=device)
+        rewards = (torch.rand(self.batch, self.group, generator=g, device=device)
+                   < p_correct).float()
+        ids = torch.randperm(self.num_prompts, generator=g, device=device)[: self.batch]
+        return (rewards, ids), {}
 
 
 def run_benchmark(benchmark, step, inputs, device: torch.device, **info) -> None:

@@ -1,4 +1,10 @@
-"""The vectorised PyTorch baseline: one LZE selection step as a verl user writes it on the device.
+"""The PyTorch a user would write instead of the fused step: two baselines of one LZE step.
+
+``PlainTorchSelector``: the step in plain vectorised PyTorch, one line per formula, with the same
+semantics as ``LZESelector.step`` (valid mask, Gumbel noise, the tie rule) and no host sync; the
+benchmark runs it eager and under ``torch.compile``.
+
+``VectorisedSelector``: one LZE selection step as a verl user writes it on the device.
 
 Grouping and advantages follow verl's ``compute_grpo_vectorized_outcome_advantage`` and its
 ``group_mean_std`` (verl/utils/groupwise.py): the per-sequence scores are scatter-added into
@@ -24,6 +30,70 @@ import torch
 from lze_kernels import LZEConfig
 from lze_kernels.layout import SOLVED_THRESHOLD
 from lze_kernels.reference import gumbel_noise
+
+
+class PlainTorchSelector:
+    """docs/spec.md §2-5 in plain PyTorch on device tensors, as a user writes it: about twenty
+    ops, no host sync, the top-k by ``torch.topk`` on 64-bit keys (the score's ordered bits above
+    the inverted row, so ties go to the smaller row, as in the spec). Its noise comes from
+    ``torch.rand`` (the same distribution; the fused kernels' Philox stream is reproducible per
+    seed and step). Without noise it selects exactly what the reference selects (tested)."""
+
+    def __init__(self, num_prompts: int, config: LZEConfig | None = None, device="cpu"):
+        self.config = config or LZEConfig()
+        self.d_init = torch.zeros(num_prompts, device=device)
+        self.ema = torch.zeros(num_prompts, device=device)
+        self.seen = torch.zeros(num_prompts, dtype=torch.int32, device=device)
+        self.streak = torch.zeros(num_prompts, dtype=torch.int32, device=device)
+        self.pruned = torch.zeros(num_prompts, dtype=torch.bool, device=device)
+
+    def step(self, rewards: torch.Tensor, prompt_ids: torch.Tensor,
+             valid: torch.Tensor | None = None):
+        cfg = self.config
+        valid = torch.ones_like(rewards, dtype=torch.bool) if valid is None else valid
+        r = torch.where(valid, rewards.float(), 0.0)
+        n = valid.sum(1)
+        p = r.sum(1) / n.clamp_min(1)
+        centred = torch.where(valid, r - p[:, None], 0.0)
+        std = ((centred * centred).sum(1) / (n - 1).clamp_min(1)).sqrt()
+        advantages = centred / (std[:, None] + cfg.eps) if cfg.norm_by_std else centred
+        active = n > 0
+        first = self.seen[prompt_ids] == 0
+        ema_before = self.ema[prompt_ids]
+        d = torch.where(first, (1 - p).clamp_min(cfg.d_min), self.d_init[prompt_ids])
+        momentum = torch.where(first | ~active, 0.0, (2 * (p - ema_before).abs()).clamp_max(1.0))
+        energy = torch.where(active, d * (4 * p * (1 - p)) * (1 + cfg.alpha * momentum), 0.0)
+        self.d_init[prompt_ids] = torch.where(active, d, self.d_init[prompt_ids])
+        self.ema[prompt_ids] = torch.where(
+            active, torch.where(first, p, cfg.beta * ema_before + (1 - cfg.beta) * p), ema_before)
+        self.seen[prompt_ids] += active.int()
+        streak = torch.where(p >= SOLVED_THRESHOLD, self.streak[prompt_ids] + 1, 0)
+        self.streak[prompt_ids] = torch.where(active, streak, self.streak[prompt_ids])
+        self.pruned[prompt_ids] = self.streak[prompt_ids] >= cfg.prune_after
+        keep_mask, kept_indices, num_kept = self.top_k(energy)
+        return advantages, p, energy, momentum, keep_mask, kept_indices, num_kept
+
+    def top_k(self, energy: torch.Tensor):
+        """keep_mask, kept_indices (ascending batch position, -1 padded) and num_kept."""
+        cfg = self.config
+        batch = energy.shape[0]
+        candidate = energy > 0
+        score = energy
+        if cfg.noise_scale > 0:
+            high = torch.where(candidate, energy, float("-inf")).amax()
+            low = torch.where(candidate, energy, float("inf")).amin()
+            u = torch.rand(batch, device=energy.device).clamp(1e-7, 1 - 1e-7)
+            score = energy + cfg.noise_scale * (high - low).clamp_min(0.01) * -(-u.log()).log()
+        bits = score.view(torch.int32).long() & 0xFFFFFFFF
+        ordered = torch.where(bits >= 2**31, bits ^ 0xFFFFFFFF, bits | 2**31) - 2**31
+        rows = torch.arange(batch, device=energy.device)
+        key = torch.where(candidate, (ordered << 32) | (0xFFFFFFFF - rows), -(2**63))
+        top = torch.topk(key, cfg.num_keep(batch))
+        in_quota = top.values > -(2**63)
+        keep_mask = torch.zeros(batch, dtype=torch.bool, device=energy.device).scatter(
+            0, top.indices, in_quota)
+        kept = torch.where(in_quota, top.indices, batch).sort().values
+        return keep_mask, torch.where(kept < batch, kept, -1), in_quota.sum()
 
 
 @dataclass

@@ -1,20 +1,25 @@
 """The GPU check's kernel benchmark: every step variant at every B in one run, as ratios, with the
 kernel launches and host syncs of one step counted by ``torch.profiler``.
 
-Variants (one ``LZESelector.step(rewards, prompt_ids)`` each, persistent state of N = 4 B prompts,
-fresh binary rewards and ids per round from bench_common.RoundInputs):
+Variants (one call each on fresh binary rewards and ids per round, bench_common.RoundInputs; the
+stateful ones keep N = 4 B prompts):
 
-* ``fused_cuda``, ``fused_triton`` (``fused_cpu`` on a CPU): the fused backends;
-* ``torch_eager``: the PyTorch reference (``backend="torch"``);
-* ``torch_compile``: the same under ``torch.compile(fullgraph=True, dynamic=False)``;
-* ``verl_vectorised``: gpu_baselines.VectorisedSelector, verl's scatter-add grouping.
+* ``fused_cuda``, ``fused_triton`` (``fused_cpu`` on a CPU): ``LZESelector.step(...,
+  check_inputs=False)``, the sync-free call; ``fused_cuda_checked`` (``fused_cpu_checked``): the
+  default, checked call (one host sync);
+* ``torch_plain``: gpu_baselines.PlainTorchSelector, the same step in plain vectorised PyTorch as
+  a user writes it (about twenty ops, ``torch.topk``), and ``torch_plain_compile``: the same
+  under ``torch.compile(dynamic=True, fullgraph=True)``, one compile for every B;
+* ``verl_vectorised``: gpu_baselines.VectorisedSelector, verl's scatter-add grouping (host syncs);
+* ``torch_topk``, ``torch_sort``: the library's top-k (k = 0.4 B) and stable descending sort of
+  B float keys alone, what the selection's last step costs in a library call.
 
-``torch_compile`` runs at :data:`COMPILE_BATCHES` only (one inductor compile each, ~10-20 s),
-so the whole benchmark fits the GPU check's budget. Each B also gets its two floors, measured in
-the same run (:func:`floors`): the launch floor (two empty kernels, as a step is two launches)
-and the HBM floor (a device-to-device copy moving the step's bytes, :func:`step_bytes`).
-:func:`dots_benchmark` times the DOTS prediction at N = 1M, K = 1024, d = 384 against the chunked
-torch reference, and its share of the bf16 matrix peak measured in the same run.
+The reference backend (``backend="torch"``) is the correctness oracle, not a speed anchor: it is
+not timed here. Each B also gets its two floors, measured in the same run (:func:`floors`): the
+launch floor (two empty kernels, the fewest a step and a selection can take) and the HBM floor (a
+device-to-device copy moving the step's bytes, :func:`step_bytes`). :func:`dots_benchmark` times
+the DOTS prediction at N = 1M, K = 1024, d = 384 against the chunked torch reference, and its
+share of the bf16 matrix peak measured in the same run.
 
 Time per step is the median over rounds (CUDA events on a GPU, ``perf_counter`` on a CPU), each
 round on fresh inputs made outside the timed region. Launches are the device-side kernels, copies
@@ -33,13 +38,13 @@ from typing import Callable
 
 import torch
 from bench_common import RoundInputs
-from gpu_baselines import VectorisedSelector
+from gpu_baselines import PlainTorchSelector, VectorisedSelector
 
-from lze_kernels import LZESelector, available_backends
+from lze_kernels import LZESelector, available_backends, num_keep
 
-BATCHES = (256, 1024, 4096, 16384, 65536)
-COMPILE_BATCHES = (256, 65536)
+BATCHES = (256, 1024, 4096, 16384, 65536, 262144, 1048576)
 GROUP = 16
+KEEP_RATIO = 0.4
 # DOTS at the study's embedding size and a large prompt pool.
 DOTS_N, DOTS_K, DOTS_D = 1 << 20, 1024, 384
 STEP_RANGE = "gpu_check.step"
@@ -49,30 +54,42 @@ CUDA_SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventS
 # Ops that block the host when their input is on a device (the CPU stand-in for the above).
 HOST_READ_OPS = ("aten::_local_scalar_dense", "aten::nonzero")
 FUSED_BACKENDS = {"cuda": ("cuda", "triton"), "cpu": ("cpu",)}
-VARIANTS = ("fused_cuda", "fused_triton", "fused_cpu", "torch_eager", "torch_compile",
-            "verl_vectorised")
+BASELINES = ("torch_plain", "torch_plain_compile", "verl_vectorised", "torch_topk", "torch_sort")
 
 
 def variants_for(device: torch.device, include_compile: bool = True) -> list[str]:
-    """The variants that run on ``device``: its fused backends, then the PyTorch baselines."""
+    """The variants that run on ``device``: its fused backends (the first also checked), then
+    the baselines."""
     native = FUSED_BACKENDS[device.type]  # not the emulators or interpreters of other devices
     fused = [f"fused_{name}" for name in native if name in available_backends(device)]
-    return fused + ["torch_eager"] + (["torch_compile"] if include_compile else []) + [
-        "verl_vectorised"]
+    checked = [f"{fused[0]}_checked"] if fused else []
+    baselines = [b for b in BASELINES if include_compile or b != "torch_plain_compile"]
+    return fused + checked + baselines
 
 
-def build_step(variant: str, num_prompts: int, device: torch.device) -> Callable:
+def build_step(variant: str, num_prompts: int, device: torch.device, batch: int) -> Callable:
     """A callable ``(rewards, prompt_ids) -> outputs`` for ``variant`` with fresh state."""
-    if variant.startswith("fused_") or variant == "torch_eager":
-        backend = "torch" if variant == "torch_eager" else variant[len("fused_"):]
-        return _unchecked(LZESelector(num_prompts, device=device, backend=backend).step)
-    if variant == "torch_compile":
-        torch._dynamo.reset()  # one graph per shape; no recompile limit across the B grid
-        selector = LZESelector(num_prompts, device=device, backend="torch")
-        return _unchecked(torch.compile(selector.step, fullgraph=True, dynamic=False))
+    if variant.startswith("fused_"):
+        backend = variant[len("fused_"):].removesuffix("_checked")
+        step = LZESelector(num_prompts, device=device, backend=backend).step
+        return step if variant.endswith("_checked") else _unchecked(step)
+    if variant in ("torch_plain", "torch_plain_compile"):
+        step = PlainTorchSelector(num_prompts, device=device).step
+        return _compiled(step) if variant == "torch_plain_compile" else step
     if variant == "verl_vectorised":
         return VectorisedSelector(num_prompts, device=device).step
-    raise ValueError(f"variant: expected one of {VARIANTS}, got {variant!r}")
+    if variant in ("torch_topk", "torch_sort"):
+        keys = torch.rand(batch, device=device)
+        if variant == "torch_topk":
+            return lambda rewards, prompt_ids: torch.topk(keys, num_keep(batch, KEEP_RATIO))
+        return lambda rewards, prompt_ids: torch.sort(keys, descending=True, stable=True)
+    raise ValueError(f"variant: expected one of {variants_for(device)}, got {variant!r}")
+
+
+def _compiled(step: Callable) -> Callable:
+    """``step`` under torch.compile with dynamic shapes: one compile serves every B (dynamo
+    reuses the graph for each new selector's step, whose state tensors differ only in size)."""
+    return torch.compile(step, dynamic=True, fullgraph=True)
 
 
 def _unchecked(step: Callable) -> Callable:
@@ -137,20 +154,16 @@ def count_step_events(events, on_cuda: bool) -> dict:
 
 
 def run(device: torch.device, batches=BATCHES, group: int = GROUP, rounds: int = 30,
-        variants: list[str] | None = None, log=print,
-        compile_batches=COMPILE_BATCHES) -> list[dict]:
-    """Every variant at every B (``torch_compile`` only at ``compile_batches``): one row per
-    (B, variant) with seconds, launches, syncs and the ratio of its time to the fastest fused
-    variant's at that B."""
+        variants: list[str] | None = None, log=print) -> list[dict]:
+    """Every variant at every B: one row per (B, variant) with seconds, launches, syncs and the
+    ratio of its time to the fastest fused variant's at that B."""
     variants = variants or variants_for(device)
     rows = []
     for batch in batches:
         case = []
         for variant in variants:
-            if variant == "torch_compile" and batch not in compile_batches:
-                continue
             inputs = RoundInputs(batch, group, device)
-            step = build_step(variant, inputs.num_prompts, device)
+            step = build_step(variant, inputs.num_prompts, device, batch)
             seconds = time_step(step, inputs, rounds, device)
             case.append({"B": batch, "G": group, "variant": variant, "seconds": seconds,
                          **profile_step(step, inputs, device)})
@@ -161,9 +174,10 @@ def run(device: torch.device, batches=BATCHES, group: int = GROUP, rounds: int =
 
 
 def with_ratios(case: list[dict]) -> list[dict]:
-    """Each row's time over the fastest fused variant's in the same case (1.0 for that one);
-    over the fastest row when no fused variant ran."""
-    fused = [r["seconds"] for r in case if r["variant"].startswith("fused_")]
+    """Each row's time over the fastest sync-free fused variant's in the same case (1.0 for that
+    one); over the fastest row when no fused variant ran."""
+    fused = [r["seconds"] for r in case
+             if r["variant"].startswith("fused_") and not r["variant"].endswith("_checked")]
     best = min(fused or [r["seconds"] for r in case])
     return [{**r, "ratio_to_fused": r["seconds"] / best} for r in case]
 
@@ -183,7 +197,7 @@ def step_bytes(batch: int, group: int, keep_ratio: float = 0.4) -> int:
 
 def floors(batch: int, group: int, device: torch.device, rounds: int = 50) -> dict:
     """Median seconds of the launch floor (two empty kernels, ``torch.cuda._sleep(0)``, back to
-    back, as a step is two launches) and of the HBM floor (a device-to-device copy of half the
+    back: a step and a selection) and of the HBM floor (a device-to-device copy of half the
     step's bytes: read plus write move all of them), timed like the steps."""
     if device.type != "cuda":
         raise ValueError(f"device: the floors are CUDA timings, expected a CUDA device, got "

@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Optional
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from . import layout as L
 from .layout import KernelParams, SelectorState
@@ -67,8 +69,15 @@ def cpu_thread_budget(device: Optional[torch.device] = None) -> tuple[int, bool]
     return int(value), False
 
 
+# The raw cudaStream_t of the current stream, as inductor's generated code reads it: a fraction
+# of torch.cuda.current_stream(device).cuda_stream's host time, which builds a Stream object.
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def _cuda_stream(device: torch.device) -> int:
-    return torch.cuda.current_stream(device).cuda_stream
+    if _raw_stream is None:
+        return torch.cuda.current_stream(device).cuda_stream
+    return _raw_stream(torch.cuda.current_device() if device.index is None else device.index)
 
 
 def _check_status(status: int, what: str) -> None:
@@ -206,13 +215,13 @@ class NativeBackend:
         ) -> tuple[Tensor, Tensor, Tensor]:
             outputs = _empty_topk_outputs(energy, k)
             keep_mask, kept, num_kept = outputs
-            workspace = self._topk_workspace(energy)  # alive until the launches are queued
+            workspace, workspace_args = self._topk_workspace(energy)  # held past the launches
             status = self.module.topk(
                 energy.data_ptr(), energy.shape[0], k, noise_scale, seed,
                 step_counter.data_ptr(), keep_mask.data_ptr(), kept.data_ptr(),
-                num_kept.data_ptr(), *(() if workspace is None else (workspace.data_ptr(),)),
-                self._launch_arg(energy.device),
+                num_kept.data_ptr(), *workspace_args, self._launch_arg(energy.device),
             )
+            del workspace
             _check_status(status, f"topk ({self.name})")
             return outputs
 
@@ -222,16 +231,20 @@ class NativeBackend:
 
         return topk_op
 
-    def _topk_workspace(self, energy: Tensor) -> Optional[Tensor]:
-        """The CUDA top-k's scratch buffer (csrc/cuda/lze_topk.cu; None for modules without
-        one). Allocated per call from torch's caching allocator, so CUDA graphs capture it and
+    def _topk_workspace(self, energy: Tensor) -> tuple[Optional[Tensor], tuple]:
+        """The CUDA top-k's scratch buffer (csrc/cuda/lze_topk.cu) and the launcher's arguments
+        for it: (None, ()) for modules without one, (None, (0,)) for a launch plan that needs
+        none. Allocated per call from torch's caching allocator, so CUDA graphs capture it and
         concurrent streams never share it; its contents need no initialisation. The caller
         holds it until the launches are queued: once freed, the allocator hands the buffer out
         again only behind them on this stream."""
         if not hasattr(self.module, "topk_workspace_bytes"):
-            return None
+            return None, ()
         nbytes = self.module.topk_workspace_bytes(energy.shape[0])
-        return torch.empty(nbytes, dtype=torch.uint8, device=energy.device)
+        if nbytes == 0:
+            return None, (0,)
+        workspace = torch.empty(nbytes, dtype=torch.uint8, device=energy.device)
+        return workspace, (workspace.data_ptr(),)
 
     def _define_predict_op(self):
         @torch.library.custom_op(
@@ -262,9 +275,6 @@ def _eager_or_op(op, tensor: Tensor):
     Going through ``torch.library``'s dispatcher costs about 35 us per call on the host, which at
     small batches is most of a step (verl adapter, 128 x 8: 110 us through the ops, 35 us
     direct); the function is the same code, so results are identical."""
-    from torch._subclasses.fake_tensor import FakeTensor
-    from torch.utils._python_dispatch import _get_current_dispatch_mode
-
     if (torch.compiler.is_compiling() or isinstance(tensor, FakeTensor)
             or _get_current_dispatch_mode() is not None):
         return op

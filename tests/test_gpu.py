@@ -2,8 +2,10 @@
 `bash tools/gpu_check.sh` (stage "kernels", from the installed package, compiled Triton).
 
 On a CUDA machine this checks what the CPU cannot: the cuda and triton backends against the
-reference on the device, that `step` never synchronises (sync debug mode "error"), that it can be
-captured and replayed in a CUDA graph, and that it is exactly two kernel launches; the DOTS
+reference on the device up to B = 1,048,576, that the unchecked `step` never synchronises (sync
+debug mode "error") and the checked one once, that it can be captured and replayed in a CUDA
+graph, and its launches: two up to 8,192 groups (the step, a one-block selection), seven above
+(the step, six selection launches); the DOTS
 prediction against its reference, and GRESO's filter and the forward pruner on the device against
 the same code on the CPU (Philox draws: equal on any device), without a host sync.
 """
@@ -39,7 +41,8 @@ def make_inputs(batch, group, num_prompts, seed, device="cuda"):
 
 
 @pytest.mark.parametrize("name", GPU_BACKENDS)
-@pytest.mark.parametrize("batch,group", [(1, 8), (300, 3), (16384, 16), (65536, 64)])
+@pytest.mark.parametrize("batch,group", [(1, 8), (300, 3), (16384, 16), (65536, 64),
+                                         (1 << 20, 16)])
 def test_gpu_backend_matches_reference(name, batch, group):
     config = LZEConfig(noise_scale=0.05, seed=1)
     sel = LZESelector(2 * batch, config, device="cuda", backend=backend_or_skip(name))
@@ -56,26 +59,50 @@ def test_gpu_backend_matches_reference(name, batch, group):
 
 
 @pytest.mark.parametrize("name", GPU_BACKENDS + ["torch"])
-def test_step_never_synchronises(name):
-    sel = LZESelector(4096, device="cuda", backend=backend_or_skip(name))
-    inputs = make_inputs(1024, 16, 4096, 0)
+@pytest.mark.parametrize("batch", [1024, 65536])
+def test_step_never_synchronises(name, batch):
+    sel = LZESelector(4 * batch, device="cuda", backend=backend_or_skip(name))
+    inputs = make_inputs(batch, 16, 4 * batch, 0)
     sel.step(*inputs, check_inputs=False)  # warm-up: compile, allocate
     torch.cuda.set_sync_debug_mode("error")
     try:
         out = sel.step(*inputs, check_inputs=False)
         sel.rollout_mask(inputs[1], check_inputs=False)
-        sel.allocate_rollouts(inputs[1], 1024 * 16, check_inputs=False)
+        sel.allocate_rollouts(inputs[1], batch * 16, check_inputs=False)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    assert out.kept_indices.shape == (409,)
+    assert out.kept_indices.shape == (int(0.4 * batch),)
+
+
+@pytest.mark.parametrize("name", GPU_BACKENDS)
+def test_checked_step_synchronises_once_and_undoes_bad_input(name):
+    sel = LZESelector(4096, device="cuda", backend=backend_or_skip(name))
+    rewards, ids, valid = make_inputs(1024, 16, 4096, 0)
+    sel.step(rewards, ids, valid)  # warm-up
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with pytest.warns(UserWarning, match="synchroniz") as caught:
+            sel.step(rewards, ids, valid)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert len([w for w in caught if "synchroniz" in str(w.message)]) == 1
+    before = {key: t.clone() for key, t in sel.state_dict().items() if torch.is_tensor(t)}
+    with pytest.raises(ValueError, match="expected every id in"):
+        sel.step(rewards, torch.where(ids == ids[0], 10**6, ids), valid)
+    after = sel.state_dict()
+    for key, tensor in before.items():
+        assert torch.equal(after[key], tensor), key
 
 
 @pytest.mark.parametrize("name", GPU_BACKENDS + ["torch"])
-def test_step_in_cuda_graph(name):
+@pytest.mark.parametrize("batch", [1024, 65536])
+def test_step_in_cuda_graph(name, batch):
     config = LZEConfig(noise_scale=0.05, seed=3)
-    sel = LZESelector(4096, config, device="cuda", backend=backend_or_skip(name))
-    ref = LZESelector(4096, config, device="cuda", backend="torch")
-    static = [t.clone() for t in make_inputs(1024, 16, 4096, 0)]
+    num_prompts = 4 * batch
+    sel = LZESelector(num_prompts, config, device="cuda", backend=backend_or_skip(name))
+    ref = LZESelector(num_prompts, config, device="cuda", backend="torch")
+    static = [t.clone() for t in make_inputs(batch, 16, num_prompts, 0)]
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm up outside the graph, as CUDA graphs require
@@ -86,7 +113,7 @@ def test_step_in_cuda_graph(name):
     with torch.cuda.graph(graph):
         out = sel.step(*static, check_inputs=False)
     for step in range(1, 4):  # replays read new inputs and advance the on-device step counter
-        for dst, src in zip(static, make_inputs(1024, 16, 4096, step)):
+        for dst, src in zip(static, make_inputs(batch, 16, num_prompts, step)):
             dst.copy_(src)
         graph.replay()
         want = ref.step(*static, check_inputs=False)
@@ -95,16 +122,17 @@ def test_step_in_cuda_graph(name):
 
 
 @pytest.mark.parametrize("name", GPU_BACKENDS)
-def test_two_kernel_launches_per_step(name):
-    sel = LZESelector(4096, device="cuda", backend=backend_or_skip(name))
-    inputs = make_inputs(1024, 16, 4096, 0)
+@pytest.mark.parametrize("batch,launches", [(1024, 2), (8192, 2), (8193, 7), (1 << 20, 7)])
+def test_kernel_launches_per_step(name, batch, launches):
+    sel = LZESelector(2 * batch, device="cuda", backend=backend_or_skip(name))
+    inputs = make_inputs(batch, 16, 2 * batch, 0)
     sel.step(*inputs, check_inputs=False)
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         sel.step(*inputs, check_inputs=False)
         torch.cuda.synchronize()
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    assert len(kernels) == 2, [e.name for e in kernels]
+    assert len(kernels) == launches, [e.name for e in kernels]
 
 
 # ----------------------------------------------------------------------------- DOTS

@@ -6,9 +6,10 @@ a mismatch; the sanitizer's own exit code reports what it found.
     compute-sanitizer --tool memcheck --error-exitcode 3 python -P tools/gpu_sanitize.py
     compute-sanitizer --tool racecheck --error-exitcode 3 python -P tools/gpu_sanitize.py --max-rows 1024
 
-``--max-rows`` leaves out the larger shapes: racecheck tracks every shared-memory access, and the
-top-k kernel's B^2 / 128 tile reads at B = 65,536 ran past its 27 s on the first GPU run (an H100);
-B = 1,024 still spans eight blocks.
+``--max-rows`` leaves out the larger shapes: racecheck tracks every shared-memory access (the old
+rank-by-counting top-k's B^2 / 128 tile reads at B = 65,536 ran past its 27 s on the first GPU
+run). B = 16,384 still spans both launch plans of the top-k: one block up to 8,192 rows, then the
+six-launch radix select over blocks of 4,096 rows (12,289: three blocks and a one-row tile).
 """
 
 import argparse
@@ -19,7 +20,7 @@ import torch
 from lze_kernels import LZEConfig, LZESelector
 
 # (B, G): a single row, B and G not multiples of a block or warp, one full block, the largest.
-SHAPES = ((1, 8), (300, 3), (1024, 16), (4097, 5), (65536, 64))
+SHAPES = ((1, 8), (300, 3), (1024, 16), (4097, 5), (8192, 4), (12289, 4), (65536, 64))
 FIELDS = ("advantages", "pass_rate", "energy", "momentum", "keep_mask", "kept_indices", "num_kept")
 
 
