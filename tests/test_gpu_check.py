@@ -59,10 +59,10 @@ def test_check_arguments():
 
 
 def test_stage_plan_fits_the_budget():
-    """Every stage has a cap and an estimate; the estimates fit the 6-minute budget with room,
+    """Every stage has a cap and an estimate; the estimates fit the 7-minute budget with room,
     the order is kernels, trainer, bench, ... and at most 8 files come back."""
     assert set(gpu_check.STAGE_CAP_S) == set(gpu_check.STAGE_ESTIMATE_S) == set(gpu_check.STAGES)
-    assert gpu_check.BUDGET_S <= 360
+    assert gpu_check.BUDGET_S <= 420
     assert sum(gpu_check.STAGE_ESTIMATE_S.values()) <= 0.9 * gpu_check.BUDGET_S
     order = list(gpu_check.STAGES)
     assert order[:5] == ["preflight", "install", "kernels", "trainer", "bench"]
@@ -522,9 +522,9 @@ def _read_only_copy(dest: Path) -> Path:
 def test_dry_run_of_the_whole_script_with_the_device_layout(tmp_path):
     """bash tools/gpu_check.sh REPORT_DIR from a read-only copy of what travels, the report folder
     empty, the work folder elsewhere, no network (PIP_NO_INDEX), a wheels folder with one pure
-    wheel: every stage ends with a status, the CUDA ones skipped here with the reason, the package
-    built from the copy and imported from the site folder, and the report files in the report
-    folder."""
+    wheel: every stage ends with a status, the CUDA ones skipped here with the reason, the peer
+    stage run at both its sizes (shrunken), the package built from the copy and imported from the
+    site folder, and the report files in the report folder."""
     tree = _read_only_copy(tmp_path / "tree")
     out, work = tmp_path / "out", tmp_path / "work"
     out.mkdir()
@@ -556,6 +556,9 @@ def test_dry_run_of_the_whole_script_with_the_device_layout(tmp_path):
             assert stages[name]["status"] == "skipped" and "no CUDA device" in \
                 stages[name]["reason"], name
         assert proc.returncode == 1
+    peer = stages["peer"]  # runs without CUDA too, both sizes shrunken
+    assert peer["status"] == "passed", (peer, (out / "peer.log").read_text()[-3000:])
+    assert [s["name"] for s in peer["sizes"]] == list(gpu_report.PEER_SIZES)
     names = {p.name for p in out.iterdir()}
     assert {"gpu_check.json", "gpu_check.md", "console.log", "install.log"} <= names
     assert names <= set(gpu_check.REPORT_FILES) and len(names) <= 8
@@ -576,40 +579,6 @@ def test_step_summary_counts_the_steps_that_ran(tmp_path):
     steps = gpu_check._step_summary(metrics)
     assert [s["step"] for s in steps] == [1, 2, 3]
     assert steps[0] == {"step": 1, "timing_s/step": 0.5, "reward/mean": 0.5}
-
-
-def test_peer_stage_compares_step_times_and_logs_to_its_file(tmp_path, monkeypatch):
-    """The peer stage with TRL's half stubbed (it is run on the CPU by the test below): the
-    first step of each trainer is left out, the ratio is lze over TRL, what TRL prints goes to
-    peer.log. The first GPU run died here on a helper that no longer existed."""
-    steps = [{"step": s, "timing_s/step": t} for s, t in ((1, 9.0), (2, 0.4), (3, 0.6))]
-    (tmp_path / "trainer.json").write_text(json.dumps(
-        {"steps": steps, "model": str(tmp_path / "model"), "data": str(tmp_path / "data")}))
-
-    def trl_steps(model, data, out):
-        os.write(1, b"trl is training\n")  # file descriptor 1, as TRL's children write
-        return [2.0, 2.0]
-
-    monkeypatch.setattr(gpu_check, "trl_step_seconds", trl_steps)
-    result = gpu_check.stage_peer(tmp_path, {})
-    assert result["status"] == "passed"
-    assert result["lze_step_s"] == pytest.approx(0.5) and result["ratio"] == pytest.approx(0.25)
-    assert "trl is training" in (tmp_path / "peer.log").read_text()
-
-
-@pytest.mark.slow
-def test_trl_peer_runs_on_cpu(tmp_path):
-    """The peer stage's TRL half at tiny sizes on the CPU: its GRPOConfig is valid for the trl
-    that travels and it returns one time per step after the first."""
-    from lze_trainer import tiny_model
-
-    pytest.importorskip("trl")
-    data = gpu_check.write_arithmetic_jsonl(tmp_path / "train.jsonl", 16)
-    model = tiny_model.build("tiny:qwen2?hidden=32&layers=1&heads=1&kv_heads=1&vocab=300",
-                             tmp_path / "model", gpu_check._texts(data))
-    times = gpu_check.trl_step_seconds(model, data, tmp_path / "trl", prompts_per_step=2, group=2,
-                                       tokens=4, steps=3, use_cpu=True)
-    assert len(times) == 2 and all(t > 0 for t in times)
 
 
 @pytest.mark.slow

@@ -229,6 +229,26 @@ def test_warm_up_before_a_capture_changes_nothing_decoded(engines):
     assert torch.equal(outputs[0][1], outputs[1][1])
 
 
+def test_cuda_graph_follows_torchs_capture_recipe(monkeypatch):
+    """Without a GPU, torch.cuda's streams and graphs replaced by autospecced fakes (every call
+    checked against torch's real signatures): the step runs :data:`WARMUP_STEPS` times on a side
+    stream, then once inside a thread-local capture, and the graph's replay comes back."""
+    from unittest import mock
+
+    fakes = {name: mock.create_autospec(getattr(torch.cuda, name)) for name in
+             ("Stream", "stream", "current_stream", "CUDAGraph", "graph")}
+    for name, fake in fakes.items():
+        monkeypatch.setattr(torch.cuda, name, fake)
+    calls = []
+    fakes["graph"].return_value.__enter__.side_effect = lambda *a: calls.append("capture")
+    replay = S.cuda_graph(lambda: calls.append("step"))
+    assert calls == ["step"] * S.WARMUP_STEPS + ["capture", "step"]
+    graph = fakes["CUDAGraph"].return_value
+    fakes["graph"].assert_called_once_with(graph, capture_error_mode="thread_local")
+    fakes["stream"].assert_called_once_with(fakes["Stream"].return_value)
+    assert replay == graph.replay
+
+
 HOST_READS = {"_local_scalar_dense", "item", "is_nonzero", "nonzero", "equal", "allclose",
               "unique", "masked_select", "repeat_interleave"}
 

@@ -24,7 +24,9 @@ so every import resolves to the installed package) with a time cap, all inside o
   bench      benchmarks/gpu_bench.py: every variant and B, launch and HBM floors, DOTS at 1M
   sanitizer  compute-sanitizer memcheck and racecheck over the CUDA kernels
   memory     one update-only pass, Qwen2.5-1.5B shape at 8 x 4096 tokens, vs docs/gpu-memory.md
-  peer       TRL's GRPOTrainer against lze_trainer (hf engine), same model, prompts and sizes
+  peer       TRL's GRPOTrainer against lze_trainer (hf engine), same model, prompts and sizes, at
+             the trainer stage's size and Qwen2.5-0.5B's shape at 64 x 8 x 256 tokens
+             (tools/gpu_peer.py; also without CUDA, shrunken, so the dry run runs it)
 
 Sub-commands: ``check`` (all of the above), ``stage NAME`` (one stage, in the child), ``wheels``
 (download/build the wheels, with PyPI), ``travel`` (what is copied to the machine, against the
@@ -56,8 +58,9 @@ import gpu_report  # noqa: E402  (standard library only)
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_WORK = Path("/tmp/gpu_check")
-# The whole command, install included: 6 minutes, so that a second try fits in 15 minutes.
-BUDGET_S = 360
+# The whole command, install included: 7 minutes (the peer stage's two sizes take up to 2.5 of
+# them), so that a machine's start and one full run fit in a quarter of an hour.
+BUDGET_S = 420
 # The copy of the tree to a GPU machine (tracked + untracked-not-ignored files + wheels/) stays
 # small: under the budget (tests/test_gpu_check.py fails above it), a margin under the limit.
 TRAVEL_LIMIT_MIB = 64
@@ -147,12 +150,13 @@ IMPORTS = ("deepspeed", "omegaconf", "math_verify", "datasets", "trl", "matplotl
            "torch.utils.tensorboard", "lze_kernels", "lze_kernels._lze_cpu",
            "lze_kernels._lze_cuda", "lze_trainer.trainer")
 STAGES = ("preflight", "install", "kernels", "trainer", "bench", "sanitizer", "memory", "peer")
-NEEDS_CUDA = ("kernels", "trainer", "bench", "sanitizer", "memory", "peer")
+# The peer stage runs without CUDA too, shrunken (the dry run): tools/gpu_peer.py.
+NEEDS_CUDA = ("kernels", "trainer", "bench", "sanitizer", "memory")
 # Cap per stage in seconds, and the estimate it was sized from: what each stage took on the
-# first H100 runs (2026-11-27, docs/gpu-results.md), rounded up. The sum of estimates is 312 s
-# of the 360 s budget; a stage gets min(cap, what is left).
+# first H100 runs (2026-11-27, docs/gpu-results.md), rounded up. The sum of estimates is 377 s
+# of the 420 s budget; a stage gets min(cap, what is left).
 STAGE_CAP_S = {"preflight": 30, "install": 120, "kernels": 90, "trainer": 90, "bench": 90,
-               "sanitizer": 90, "memory": 75, "peer": 75}
+               "sanitizer": 90, "memory": 75, "peer": 150}
 STAGE_ESTIMATE_S = {"preflight": 7,  # nvidia-smi, nvcc --version, one torch import: 6 s
                     "install": 45,  # wheels, CMake + nvcc -j16 (build 28-38 s): 44-57 s
                     "kernels": 30,  # Triton JIT of step/topk/dots, 65,536 x 64 references: 27 s
@@ -160,7 +164,11 @@ STAGE_ESTIMATE_S = {"preflight": 7,  # nvidia-smi, nvcc --version, one torch imp
                     "bench": 70,  # 5 B x 5 variants, 2 torch.compile, DOTS at 1M: 65-78 s
                     "sanitizer": 45,  # memcheck ~12 s, racecheck up to B = 1,024: 31 s
                     "memory": 35,  # 1.5B random model, DS init, two 32k-token passes: 34 s
-                    "peer": 30}  # TRL import and init, 4 steps of 16 x 8 x 64 tokens: 27 s (now 6)
+                    # TRL at 16 x 8 x 64 tokens (27 s in the first runs, its import and init
+                    # included), then a Qwen2.5-0.5B shape's random weights (about 8 s) and TRL
+                    # and lze_trainer at 64 x 8 x 256 tokens, 3 steps each, each in its own
+                    # process (import and init about 15 s): not measured yet
+                    "peer": 95}
 # Shares of the sanitizer stage's cap: racecheck's start under instrumentation is the slow part.
 SANITIZER_SHARE = {"memcheck": 0.35, "racecheck": 0.6}
 MIN_STAGE_S = 10  # a stage with less left than this is skipped ("out of time")
@@ -176,15 +184,27 @@ MODEL_SPEC = "tiny:qwen2?hidden=256&layers=2&heads=4&kv_heads=2&vocab=512"
 # peer stage takes the median of the steps after the first: with 3 steps that was 2 steps, one of
 # them with a 2.2 s update (the first GPU runs), so 5.
 TRAINER_STEPS, TRAINER_PROMPTS, TRAINER_GROUP, TRAINER_TOKENS = 5, 16, 8, 64
-TRAINER_OVERRIDES = (
-    "rollout.engine=hf", "model.dtype=bfloat16", "actor.zero_stage=2", "trainer.device=cuda",
-    f"trainer.total_steps={TRAINER_STEPS}", f"trainer.batch_size={TRAINER_PROMPTS}",
-    f"rollout.n={TRAINER_GROUP}", f"rollout.max_new_tokens={TRAINER_TOKENS}",
-    "actor.micro_batch_size=8", "sft_warmup.steps=0", "data.eval=[]",
-    "reward.function=gpu_check:coin_flip",  # mixed groups from a random model
-    "trainer.eval_every=0", "trainer.save_every=0", "trainer.save_hf_model=false",
-    "trainer.progress_bar=false",
-)
+KEEP_RATIO = 0.4  # LZE's share of the groups trained on (TRL's peer run trains on all)
+
+
+def lze_overrides(steps: int, prompts: int, group: int, tokens: int, on_gpu: bool) -> tuple:
+    """lze_trainer's settings on the tiny preset for ``steps`` steps of ``prompts`` x ``group``
+    rollouts of at most ``tokens`` new tokens: hf engine, LZE at :data:`KEEP_RATIO`, bf16 and
+    ZeRO-2 on a GPU, no evaluation or checkpoints."""
+    return (
+        "rollout.engine=hf", f"model.dtype={'bfloat16' if on_gpu else 'float32'}",
+        "actor.zero_stage=2", f"trainer.device={'cuda' if on_gpu else 'cpu'}",
+        f"trainer.total_steps={steps}", f"trainer.batch_size={prompts}", f"rollout.n={group}",
+        f"rollout.max_new_tokens={tokens}", "selection.method=lze",
+        f"selection.keep_ratio={KEEP_RATIO}", "sft_warmup.steps=0", "data.eval=[]",
+        "reward.function=gpu_check:coin_flip",  # mixed groups from a random model
+        "trainer.eval_every=0", "trainer.save_every=0", "trainer.save_hf_model=false",
+        "trainer.progress_bar=false",
+    )
+
+
+TRAINER_OVERRIDES = lze_overrides(TRAINER_STEPS, TRAINER_PROMPTS, TRAINER_GROUP, TRAINER_TOKENS,
+                                  on_gpu=True) + ("actor.micro_batch_size=8",)
 # The memory stage: Qwen2.5-1.5B's shape (config.json of Qwen/Qwen2.5-1.5B), random weights.
 QWEN_1_5B = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
                  num_attention_heads=12, num_key_value_heads=2, vocab_size=VOCAB,
@@ -726,29 +746,34 @@ STAGE_FUNCTIONS = {"preflight": stage_preflight, "install": stage_install,
 
 
 def stage_trainer(work: Path, options: dict) -> dict:
-    """3 trainer steps (this process is the child: a fresh CUDA context); its log is
+    """5 trainer steps (this process is the child: a fresh CUDA context); its log is
     trainer.log, its metrics summarised per step, its peak memory per phase."""
     out = work / "trainer"
     if out.exists():
         shutil.rmtree(out)
     data = write_arithmetic_jsonl(out / "train.jsonl", 256)
     model = build_model(out / "model", _texts(data), VOCAB)
+    run = run_lze(out / "run", model, data, TRAINER_OVERRIDES, work / "trainer.log")
+    ok = run["exit_code"] == 0 and len(run["steps"]) == TRAINER_STEPS
+    return {"status": "passed" if ok else "failed", **run, "vocab": VOCAB, "model": str(model),
+            "data": str(data)}
+
+
+def run_lze(run_dir: Path, model: Path, data: Path, overrides: tuple, log: Path) -> dict:
+    """lze_trainer on the tiny preset with ``overrides`` in this process, as one rank, printing
+    to ``log``: its exit code, its metrics per step and its peak memory per phase."""
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
     memory: dict = {}
     from lze_trainer import main as trainer_main
     from lze_trainer.run_log import output_to
 
-    with phase_memory(memory), output_to(work / "trainer.log"):
+    with phase_memory(memory), output_to(log):
         code = trainer_main.main(["--config", "tiny", f"model.path={model}",
-                                  f"data.train={data}", f"trainer.run_dir={out / 'run'}",
-                                  *TRAINER_OVERRIDES])
-    steps = _step_summary(out / "run" / "metrics.jsonl")
-    ok = code == 0 and len(steps) == TRAINER_STEPS
-    return {"status": "passed" if ok else "failed", "exit_code": code, "vocab": VOCAB,
-            "model": str(model), "data": str(data),
-            "peak_memory_gib": {k: round(v / 2**30, 3) for k, v in memory.items()},
-            "steps": steps}
+                                  f"data.train={data}", f"trainer.run_dir={run_dir}",
+                                  *overrides])
+    return {"exit_code": code, "steps": _step_summary(run_dir / "metrics.jsonl"),
+            "peak_memory_gib": {k: round(v / 2**30, 3) for k, v in memory.items()}}
 
 
 def coin_flip(response: str, ground_truth: str, data_source: str, meta: dict) -> float:
@@ -835,8 +860,8 @@ def phase_memory(record: dict):
 
 
 def _step_summary(path: Path) -> list[dict]:
-    keys = ("timing_s/step", "timing_s/rollout", "timing_s/update", "sa/kept_groups",
-            "actor/update_tokens", "reward/mean")
+    keys = ("timing_s/step", "timing_s/rollout", "rollout/compile_s", "timing_s/update",
+            "sa/kept_groups", "actor/update_tokens", "reward/mean")
     if not path.exists():
         return []
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -961,54 +986,10 @@ STAGE_FUNCTIONS["memory"] = stage_memory
 
 
 def stage_peer(work: Path, options: dict) -> dict:
-    """TRL's GRPOTrainer (HF generation, no vLLM, bf16) on the trainer stage's model, prompts,
-    B x G and tokens, against lze_trainer's step time from the trainer stage (hf engine, ZeRO-2),
-    one after the other in the same call."""
-    trainer = json.loads((work / "trainer.json").read_text()) if (work / "trainer.json").exists() \
-        else {}
-    lze = [s["timing_s/step"] for s in trainer.get("steps", [])[1:]]  # all timed (_step_summary)
-    if not lze:
-        return {"status": "skipped", "reason": "the trainer stage left no step times"}
-    from lze_trainer.run_log import output_to
+    """TRL's GRPOTrainer against lze_trainer at two sizes (tools/gpu_peer.py)."""
+    import gpu_peer
 
-    with output_to(work / "peer.log"):
-        trl = trl_step_seconds(Path(trainer["model"]), Path(trainer["data"]), work / "trl")
-    lze_s, trl_s = _median(lze), _median(trl)
-    return {"status": "passed", "trl_step_s": trl_s, "lze_step_s": lze_s, "ratio": lze_s / trl_s,
-            "trl_steps_s": trl, "lze_steps_s": lze,
-            "setting": f"{TRAINER_PROMPTS} prompts x {TRAINER_GROUP} rollouts x "
-                       f"{TRAINER_TOKENS} new tokens, bf16, V = {VOCAB:,}"}
-
-
-def trl_step_seconds(model: Path, data: Path, out: Path, prompts_per_step: int = TRAINER_PROMPTS,
-                     group: int = TRAINER_GROUP, tokens: int = TRAINER_TOKENS,
-                     steps: int = TRAINER_STEPS + 1, use_cpu: bool = False) -> list[float]:
-    """Seconds of each step after the first of TRL's GRPOTrainer (default: the trainer stage's
-    sizes); ``per_device_train_batch_size`` counts completions in TRL."""
-    from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
-
-    prompts = [json.loads(line)["question"] for line in data.read_text().splitlines()]
-
-    def reward(completions, **_):
-        return [coin_flip("", "", "", {}) for _ in completions]
-
-    args = GRPOConfig(output_dir=str(out), num_generations=group,
-                      per_device_train_batch_size=group * prompts_per_step,
-                      max_completion_length=tokens, max_steps=steps, logging_steps=1,
-                      report_to=[], save_strategy="no", bf16=not use_cpu, use_cpu=use_cpu,
-                      disable_tqdm=True, seed=0)
-    trainer = GRPOTrainer(model=str(model), reward_funcs=reward, args=args,
-                          train_dataset=Dataset.from_dict({"prompt": prompts}))
-    trainer.train()
-    times = [h["step_time"] for h in trainer.state.log_history if "step_time" in h]
-    return times[1:]
-
-
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+    return gpu_peer.stage_peer(work, options)
 
 
 STAGE_FUNCTIONS["peer"] = stage_peer

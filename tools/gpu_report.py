@@ -26,6 +26,7 @@ COMPILE_SPEEDUP = 2.0  # >= 2x torch.compile
 DOTS_SPEEDUP = 1.5  # >= 1.5x the chunked torch reference
 MEMORY_TOLERANCE = 0.15  # measured peak within 15 % of docs/gpu-memory.md's arithmetic
 PEER_RATIO = 0.5  # lze_trainer's step <= 0.5x TRL's
+PEER_SIZES = ("tiny", "qwen2.5-0.5b")  # the peer stage's sizes (tools/gpu_peer.py), a goal each
 FUSED = ("fused_cuda", "fused_triton")
 
 
@@ -100,11 +101,25 @@ def _memory_goals(memory: dict) -> list[dict]:
 
 
 def _peer_goals(peer: dict) -> list[dict]:
-    ratio = peer.get("ratio")
-    text = None if ratio is None else (f"{ratio:.2f}x ({peer['lze_step_s']:.3f} s vs "
-                                       f"{peer['trl_step_s']:.3f} s)")
-    return [_goal("lze_trainer step / TRL GRPOTrainer step (hf generation, same GPU)",
-                  f"<= {PEER_RATIO:g}x", text, ratio is not None and ratio <= PEER_RATIO)]
+    return [_peer_goal(size) for size in _peer_sizes(peer)]
+
+
+def _peer_sizes(peer: dict) -> list[dict]:
+    """The peer stage's figures per size, every size of :data:`PEER_SIZES` (a run from before
+    the second size, such as docs/gpu-results.json, has its one size at the top level)."""
+    if "sizes" not in peer and "ratio" in peer:
+        return [peer]
+    ran = {size["name"]: size for size in peer.get("sizes", [])}
+    return [ran.get(name, {"name": name}) for name in PEER_SIZES]
+
+
+def _peer_goal(size: dict) -> dict:
+    ratio = size.get("ratio")
+    text = None if ratio is None else (f"{ratio:.2f}x ({size['lze_step_s']:.3f} s vs "
+                                       f"{size['trl_step_s']:.3f} s)")
+    name = f", {size['name']}" if "name" in size else ""
+    return _goal(f"lze_trainer step / TRL GRPOTrainer step{name} (hf generation, same GPU)",
+                 f"<= {PEER_RATIO:g}x", text, ratio is not None and ratio <= PEER_RATIO)
 
 
 # ============================================================================ rendering
@@ -229,12 +244,36 @@ def _fmt(value) -> str:
 
 
 def _peer_table(peer: dict) -> list[str]:
-    if peer.get("ratio") is None:
+    sizes = [size for size in _peer_sizes(peer) if size.get("ratio") is not None]
+    if not sizes:
         return []
-    return ["", "## Peer: TRL GRPOTrainer and lze_trainer on the same GPU", "",
-            f"{peer.get('setting')}: TRL {peer['trl_step_s']:.3f} s per step, lze_trainer "
-            f"{peer['lze_step_s']:.3f} s per step (median after a warm-up step): "
-            f"{peer['ratio']:.2f}x."]
+    lines = ["", "## Peer: TRL GRPOTrainer and lze_trainer on the same GPU"]
+    for size in sizes:
+        name = f"{size['name']}, " if "name" in size else ""
+        lines += ["", f"{name}{size.get('setting')}: TRL {size['trl_step_s']:.3f} s per step, "
+                  f"lze_trainer {size['lze_step_s']:.3f} s per step (median after a warm-up "
+                  f"step): {size['ratio']:.2f}x." + _first_steps(size)]
+        lines += _peer_memory(size)
+    return lines
+
+
+def _first_steps(size: dict) -> str:
+    if "lze_first_step_s" not in size:
+        return ""
+    compile_s = size.get("lze_first_step_compile_s")
+    captured = "" if compile_s is None else f", {compile_s:.2f} s of it capturing decode steps"
+    return (f" First steps: lze_trainer {size['lze_first_step_s']:.2f} s{captured}; TRL "
+            f"{size['trl_first_step_s']:.2f} s.")
+
+
+def _peer_memory(size: dict) -> list[str]:
+    phases = size.get("lze_peak_memory_gib") or {}
+    if not phases:
+        return []
+    trl = size.get("trl_peak_memory_gib")
+    return ["", "| lze_trainer phase | peak GiB |", "|---|---|",
+            *(f"| {phase} | {gib:.2f} |" for phase, gib in phases.items()),
+            *([] if trl is None else [f"| TRL GRPOTrainer, whole run | {trl:.2f} |"])]
 
 
 README_BEGIN, README_END = "<!-- gpu goals: begin -->", "<!-- gpu goals: end -->"

@@ -2,8 +2,8 @@
 
 transformers' ``generate`` launches every kernel of every decoded token from the host (152 a
 token for a two-layer Qwen2 on an H200, 69 ms of GPU time inside 237 ms of host time for
-128 x 64 tokens: launch-bound, ../shared/gpu-runs/2026-11-27-h200). Here the prompt is prefilled
-into a :class:`transformers.StaticCache` eagerly, and every later token is one call of a step
+128 x 64 tokens: launch-bound). Here the prompt is prefilled into a
+:class:`transformers.StaticCache` eagerly, and every later token is one call of a step
 whose tensors never move (the cache, the fed token, its position, the attention mask, the
 outputs), so on a GPU the step is captured once as a CUDA graph and each token is one replay.
 The step samples and computes the sampled token's log-prob itself (:func:`choose`), in the
@@ -240,7 +240,8 @@ def eager(step: Step) -> Step:
 def cuda_graph(step: Step) -> Step:
     """Capture ``step`` as a CUDA graph after :data:`WARMUP_STEPS` eager runs on a side stream
     (torch's recipe); every call replays it. The state the warm-up leaves is reset by the next
-    prefill."""
+    prefill. ``thread_local``: other threads' CUDA calls during the capture (NCCL's watchdog in
+    the trainer's process group) do not invalidate it."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -248,6 +249,6 @@ def cuda_graph(step: Step) -> Step:
             step()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
         step()
     return graph.replay
