@@ -27,6 +27,7 @@ EXPECTED_METRICS = [
     "sa/kept_ratio", "sa/pruned", "actor/pg_loss", "actor/kl", "actor/entropy", "actor/clipfrac",
     "actor/grad_norm", "response_length/mean", "timing_s/rollout", "timing_s/reward",
     "timing_s/wait", "timing_s/select", "timing_s/update", "timing_s/sync", "timing_s/step",
+    "timing_s/update_forward", "timing_s/update_backward", "timing_s/update_optimizer",
     "perf/tokens_per_s",
 ]
 
@@ -57,8 +58,14 @@ def test_training_run_logs_trains_and_saves(vllm_run):
     at_start = read_metrics(vllm_run)[0]
     assert at_start["step"] == 0 and "eval/heldout/pass@1" in at_start  # evaluated before step 1
     assert "eval/heldout/pass@1" in steps[STEPS]
+    summary = (vllm_run.parent / "launch.log").read_text()
+    assert re.search(r"update [\d.]+ m?s \(forward [\d.]+ m?s, backward [\d.]+ m?s, "
+                     r"optimizer [\d.]+ m?s\)", summary), summary[-2000:]
     for m in steps.values():
         assert 0 <= m["sa/kept_ratio"] <= 0.4 + 1e-9  # never more than k = floor(0.4 B) groups
+        # The update's parts lie inside it (the rest: packing, normalisers).
+        parts = [m[f"timing_s/update_{p}"] for p in ("forward", "backward", "optimizer")]
+        assert sum(parts) <= m["timing_s/update"] and (all(parts) or not m["sa/kept_groups"])
         # After every sync the engine samples from the actor's policy (tied lm_head included).
         if m["actor/update_tokens"]:
             assert m["rollout/engine_logprob_diff_max"] < 1e-4

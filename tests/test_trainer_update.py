@@ -199,3 +199,23 @@ def test_update_reports_forward_backward_and_optimizer_apart(model_dir, monkeypa
     actor.update([micro_batches(groups, 4, 0, pad_id=0)], [norm_of(groups)], timer)
     parts = ("update_forward", "update_backward", "update_optimizer")
     assert set(timer.seconds) == set(parts) and all(timer.seconds[p] > 0 for p in parts)
+
+
+def test_vllm_engine_leaves_the_text_to_the_trainer():
+    """The vLLM engine asks for token ids and log-probs only (detokenize=False): the trainer
+    decodes the responses it scores itself."""
+    pytest.importorskip("vllm")
+    from types import SimpleNamespace
+
+    from lze_trainer.rollout import SamplingSpec, vllm_engine
+
+    asked = []
+
+    def generate(requests, sampling_params, use_tqdm):
+        asked.extend(sampling_params)
+        return [SimpleNamespace(outputs=[]) for _ in requests]
+
+    engine = vllm_engine.VLLMEngine.__new__(vllm_engine.VLLMEngine)
+    engine.llm, engine._sleeping = SimpleNamespace(generate=generate), set()
+    engine.generate([[5, 6], [7]], [2, 1], SamplingSpec(1.0, 1.0, 4), seed=0)
+    assert len(asked) == 2 and not any(p.detokenize for p in asked)
