@@ -12,6 +12,7 @@ step runs eagerly; on a GPU the same step is captured as a CUDA graph.
 * The sampling and log-prob arithmetic in bfloat16, and the grouped-query decode attention.
 """
 
+import contextlib
 from types import SimpleNamespace
 
 import pytest
@@ -247,6 +248,28 @@ def test_cuda_graph_follows_torchs_capture_recipe(monkeypatch):
     fakes["graph"].assert_called_once_with(graph, capture_error_mode="thread_local")
     fakes["stream"].assert_called_once_with(fakes["Stream"].return_value)
     assert replay == graph.replay
+
+
+def test_a_failed_capture_decodes_eagerly_with_a_warning(engines):
+    """A capture that raises (as torch.cuda.graph does on an op it cannot capture) after its
+    warm-up steps: the console gets the reason, the shape decodes eagerly, the same tokens."""
+    static, _ = engines
+    ids, attention = _left_padded(PROMPTS[:8])
+
+    def failing(step):
+        for _ in range(S.WARMUP_STEPS):
+            step()
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    outputs = []
+    for capture in (S.eager, failing):
+        decoder = _decoder(static, capture)
+        reseed(2)
+        with pytest.warns(RuntimeWarning, match="lze_trainer: hf engine: capturing") if \
+                capture is failing else contextlib.nullcontext():
+            outputs.append(decoder.decode(ids, attention, 1.0, 1.0, 10))
+    assert decoder.capture_failures == 1 and decoder.captures == 1
+    assert torch.equal(outputs[0][0], outputs[1][0])
 
 
 HOST_READS = {"_local_scalar_dense", "item", "is_nonzero", "nonzero", "equal", "allclose",

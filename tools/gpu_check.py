@@ -190,10 +190,12 @@ KEEP_RATIO = 0.4  # LZE's share of the groups trained on (TRL's peer run trains 
 def lze_overrides(steps: int, prompts: int, group: int, tokens: int, on_gpu: bool) -> tuple:
     """lze_trainer's settings on the tiny preset for ``steps`` steps of ``prompts`` x ``group``
     rollouts of at most ``tokens`` new tokens: hf engine, LZE at :data:`KEEP_RATIO`, bf16 and
-    ZeRO-2 on a GPU, no evaluation or checkpoints."""
+    ZeRO-2 on a GPU, micro-batches sized by memory (the default; the preset fixes 8), no
+    evaluation or checkpoints."""
     return (
         "rollout.engine=hf", f"model.dtype={'bfloat16' if on_gpu else 'float32'}",
-        "actor.zero_stage=2", f"trainer.device={'cuda' if on_gpu else 'cpu'}",
+        "actor.zero_stage=2", "actor.micro_batch_size=null",
+        f"trainer.device={'cuda' if on_gpu else 'cpu'}",
         f"trainer.total_steps={steps}", f"trainer.batch_size={prompts}", f"rollout.n={group}",
         f"rollout.max_new_tokens={tokens}", "selection.method=lze",
         f"selection.keep_ratio={KEEP_RATIO}", "sft_warmup.steps=0", "data.eval=[]",
@@ -204,7 +206,7 @@ def lze_overrides(steps: int, prompts: int, group: int, tokens: int, on_gpu: boo
 
 
 TRAINER_OVERRIDES = lze_overrides(TRAINER_STEPS, TRAINER_PROMPTS, TRAINER_GROUP, TRAINER_TOKENS,
-                                  on_gpu=True) + ("actor.micro_batch_size=8",)
+                                  on_gpu=True)
 # The memory stage: Qwen2.5-1.5B's shape (config.json of Qwen/Qwen2.5-1.5B), random weights.
 QWEN_1_5B = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
                  num_attention_heads=12, num_key_value_heads=2, vocab_size=VOCAB,

@@ -21,6 +21,7 @@ graphs are kept between calls (a new shape frees the previous one: memory is siz
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Callable
 
@@ -136,7 +137,8 @@ class StaticDecoder:
         self.capture = capture
         self.check_every = check_every
         self.states: dict[DecodeShape, DecodeState] = {}
-        self.captures = 0  # steps captured (graphs, with cuda_graph)
+        self.captures = 0  # steps built (graphs, with cuda_graph)
+        self.capture_failures = 0  # of them, steps that run eagerly: their capture failed
         self.capture_seconds = 0.0  # spent building them (prefill, warm-up, capture)
 
     @torch.no_grad()
@@ -175,10 +177,22 @@ class StaticDecoder:
             devices = [self.device] if self.device.type == "cuda" else []
             with torch.random.fork_rng(devices=devices):
                 self._prefill(state, sampling, ids, mask)
-                state.steps[sampling] = self.capture(lambda: self._step(state, sampling))
+                state.steps[sampling] = self._captured(lambda: self._step(state, sampling))
             self.captures += 1
             self.capture_seconds += time.perf_counter() - begin
         return state.steps[sampling]
+
+    def _captured(self, step: Step) -> Step:
+        """``capture(step)``, or the step itself where capturing fails, with a warning on the
+        console: decoding goes on, at the host's pace (the next prefill resets what the attempt
+        left in the state)."""
+        try:
+            return self.capture(step)
+        except RuntimeError as error:
+            self.capture_failures += 1
+            warnings.warn(f"lze_trainer: hf engine: capturing the decode step failed, this shape "
+                          f"decodes eagerly: {error}", RuntimeWarning, stacklevel=2)
+            return step
 
     def _prefill(self, state: DecodeState, sampling: Sampling, ids: torch.Tensor,
                  mask: torch.Tensor) -> None:
