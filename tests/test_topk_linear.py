@@ -54,11 +54,12 @@ def test_a_million_rows_select_what_the_reference_selects(backend_name, noise_sc
     assert_same_selection(backend_name, energy, int(0.4 * (1 << 20)), noise_scale)
 
 
-# Batches around the one-block limit (8,192) and over several tiles of the multi-launch plan
+# Batches around the one-block limits (8,192 in CUDA, 4,096 in Triton) and over several tiles of
+# the multi-launch plan
 # (4,096 rows per CUDA block, 65,536 per interpreted Triton program), each with a ragged last
 # tile; four distinct energies make the k-th best tied with rows in many tiles.
 @pytest.mark.parametrize("backend_name", BACKENDS)
-@pytest.mark.parametrize("batch", [8191, 8192, 8193, 3 * 4096 + 17, 2 * 65536 + 999])
+@pytest.mark.parametrize("batch", [4096, 4097, 8192, 8193, 3 * 4096 + 17, 2 * 65536 + 999])
 def test_ties_across_tiles_go_to_the_smaller_rows(backend_name, batch):
     energy = energies(batch, seed=batch, distinct=4)
     candidates = int((energy > 0).sum())

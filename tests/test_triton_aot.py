@@ -94,11 +94,18 @@ def test_every_gpu_launch_shape_is_compiled_ahead_of_time(monkeypatch):
                    (("BLOCK_D", block_d), ("BLOCK_K", block_k), ("BLOCK_N", block_n),
                     ("DOT_PRECISION", dots._DOT_PRECISION[dtype]), ("UPCAST", False)))
             assert key in compiled, (dims, dtype)
-    block_i, block_j = topk.block_shape(65536)
+    grid = (("MAX_PROGRAMS", topk.MAX_PROGRAMS), ("TILE", topk.tile_rows()))
     for noise in (False, True):
-        key = (topk._topk_kernel,
-               (("BLOCK_I", block_i), ("BLOCK_J", block_j), ("HAS_NOISE", noise)))
-        assert key in compiled
+        for batch in (1, 1024, 1025, topk.SMALL_MAX_ROWS):
+            key = (topk._small_topk_kernel,
+                   (("BLOCK", topk.small_block(batch)), ("HAS_NOISE", noise)))
+            assert key in compiled, (batch, noise)
+        assert (topk._prepare_kernel, (("HAS_NOISE", noise), grid[1])) in compiled
+        assert (topk._score_kernel, (("HAS_NOISE", noise), *grid)) in compiled
+    for key in [(topk._refine_kernel, (grid[0], ("PASS", 1), grid[1])),
+                (topk._refine_kernel, (grid[0], ("PASS", 2), grid[1])),
+                (topk._count_kernel, grid), (topk._write_kernel, grid)]:
+        assert key in compiled, key
 
 
 def test_every_kernel_compiles_with_its_integer_arguments_equal_to_one():

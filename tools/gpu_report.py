@@ -19,10 +19,15 @@ import sys
 from pathlib import Path
 
 # The GPU goals and their thresholds.
-GOAL_B = 65_536
+FLOOR_BATCHES = (65_536, 1_048_576)  # where the fused CUDA step is held to its floors
 FLOOR_FACTOR = 2.0  # step time within 2x of max(launch floor, HBM floor)
-EAGER_SPEEDUP = 10.0  # >= 10x torch eager
-COMPILE_SPEEDUP = 2.0  # >= 2x torch.compile
+LARGE_B = 65_536  # from here on, >= 10x the plain PyTorch step; below, >= 3x
+EAGER_SPEEDUP = {"large": 10.0, "small": 3.0}
+COMPILE_SPEEDUP = 3.0  # >= 3x the plain step under torch.compile, at every B
+TRITON_FACTOR = 2.0  # Triton within 2x of CUDA, at every B
+CHECKED_EXTRA_S = 30e-6  # the checked step's cost over the unchecked one, B <= LARGE_B
+CHECKED_SYNCS = 1
+MAX_LAUNCHES = 7  # one fused step, at most six selection launches
 DOTS_SPEEDUP = 1.5  # >= 1.5x the chunked torch reference
 MEMORY_TOLERANCE = 0.15  # measured peak within 15 % of docs/gpu-memory.md's arithmetic
 PEER_RATIO = 0.5  # lze_trainer's step <= 0.5x TRL's
@@ -56,38 +61,95 @@ def _kernel_goals(kernels: dict) -> list[dict]:
 
 def _bench_goals(bench: dict) -> list[dict]:
     rows = bench.get("rows") or []
-    at = {r["variant"]: r for r in rows if r["B"] == GOAL_B}
+    by = {(r["variant"], r["B"]): r for r in rows}
+    batches = sorted({r["B"] for r in rows})
     fused = [r for r in rows if r["variant"] in FUSED]
+    checked = [r for r in rows if r["variant"] == "fused_cuda_checked"]
     out = [
-        _goal("host syncs per fused step", "0",
-              ", ".join(f"{r['variant']}@{r['B']}: {r['syncs']}" for r in fused) or None,
-              all(r["syncs"] == 0 for r in fused)),
-        _goal("kernel launches per fused step", "2",
-              ", ".join(sorted({f"{r['variant']}: {r['launches']}" for r in fused})) or None,
-              all(r["launches"] == 2 for r in fused)),
+        _goal("host syncs per fused step (check_inputs=False)", "0",
+              _worst(fused, "syncs"), fused and all(r["syncs"] == 0 for r in fused)),
+        _goal("host syncs per checked step (the default call)", f"<= {CHECKED_SYNCS}",
+              _worst(checked, "syncs"),
+              checked and all(r["syncs"] <= CHECKED_SYNCS for r in checked)),
+        _goal("kernel launches per fused step", f"<= {MAX_LAUNCHES}, none synchronising",
+              ", ".join(f"{v}: {n}" for v, n in _launch_ranges(fused).items()) or None,
+              fused and all(r["launches"] <= MAX_LAUNCHES for r in fused)),
     ]
-    floor = (bench.get("floors") or {}).get(str(GOAL_B))
-    for variant in FUSED:
-        row = at.get(variant)
-        if row is None:
-            out.append(_goal(f"{variant} timed at B = {GOAL_B:,}", "a time", None, False))
-            continue
-        if floor:
-            limit = max(floor["launch_s"], floor["hbm_s"])
-            out.append(_goal(f"{variant} vs max(launch floor, HBM floor) at B = {GOAL_B:,}",
-                             f"<= {FLOOR_FACTOR:g}x", f"{row['seconds'] / limit:.2f}x",
-                             row["seconds"] <= FLOOR_FACTOR * limit))
-        for base, need in (("torch_eager", EAGER_SPEEDUP), ("torch_compile", COMPILE_SPEEDUP)):
-            other = at.get(base)
-            out.append(_goal(f"{variant} speed-up over {base} at B = {GOAL_B:,}", f">= {need:g}x",
-                             None if other is None else f"{other['seconds'] / row['seconds']:.1f}x",
-                             other is not None and other["seconds"] >= need * row["seconds"]))
+    out += _floor_goals(bench.get("floors") or {}, by)
+    out += _ratio_goal("fused_cuda speed-up over the plain PyTorch step (eager), B < 65,536",
+                       by, [b for b in batches if b < LARGE_B], "torch_plain", "fused_cuda",
+                       EAGER_SPEEDUP["small"])
+    out += _ratio_goal("fused_cuda speed-up over the plain PyTorch step (eager), B >= 65,536",
+                       by, [b for b in batches if b >= LARGE_B], "torch_plain", "fused_cuda",
+                       EAGER_SPEEDUP["large"])
+    out += _ratio_goal("fused_cuda speed-up over the plain step under torch.compile, every B",
+                       by, batches, "torch_plain_compile", "fused_cuda", COMPILE_SPEEDUP)
+    out += _ratio_goal("fused_triton within 2x of fused_cuda (CUDA time / Triton time), every B",
+                       by, batches, "fused_cuda", "fused_triton", 1 / TRITON_FACTOR)
+    out.append(_checked_cost_goal(by, [b for b in batches if b <= LARGE_B]))
     dots = bench.get("dots") or {}
     speedup = dots.get("speedup")
     out.append(_goal("DOTS prediction (N = 1M, K = 1024, d = 384) vs chunked torch reference",
                      f">= {DOTS_SPEEDUP:g}x", None if speedup is None else f"{speedup:.2f}x",
                      speedup is not None and speedup >= DOTS_SPEEDUP))
     return out
+
+
+def _worst(rows: list[dict], key: str):
+    """"max N (variant@B)" over ``rows``, None without rows."""
+    if not rows:
+        return None
+    top = max(rows, key=lambda r: r[key])
+    return f"max {top[key]} ({top['variant']}@{top['B']:,})"
+
+
+def _launch_ranges(rows: list[dict]) -> dict:
+    """Launches per variant: "n" or "lo-hi" over its batch sizes."""
+    spans = {}
+    for r in rows:
+        lo, hi = spans.get(r["variant"], (r["launches"], r["launches"]))
+        spans[r["variant"]] = (min(lo, r["launches"]), max(hi, r["launches"]))
+    return {v: f"{lo}" if lo == hi else f"{lo}-{hi}" for v, (lo, hi) in spans.items()}
+
+
+def _floor_goals(floors: dict, by: dict) -> list[dict]:
+    out = []
+    for batch in FLOOR_BATCHES:
+        row, floor = by.get(("fused_cuda", batch)), floors.get(str(batch))
+        name = f"fused_cuda vs max(launch floor, HBM floor) at B = {batch:,}"
+        if row is None or not floor:
+            out.append(_goal(name, f"<= {FLOOR_FACTOR:g}x", None, False))
+            continue
+        limit = max(floor["launch_s"], floor["hbm_s"])
+        out.append(_goal(name, f"<= {FLOOR_FACTOR:g}x", f"{row['seconds'] / limit:.2f}x",
+                         row["seconds"] <= FLOOR_FACTOR * limit))
+    return out
+
+
+def _ratio_goal(name: str, by: dict, batches: list, slow: str, fast: str,
+                need: float) -> list[dict]:
+    """time(slow) / time(fast) >= need at every B of ``batches``: the worst B is reported."""
+    pairs = [(b, by[slow, b]["seconds"] / by[fast, b]["seconds"]) for b in batches
+             if (slow, b) in by and (fast, b) in by]
+    if not batches:
+        return []
+    if len(pairs) < len(batches):
+        return [_goal(name, f">= {need:.3g}x", None, False)]
+    batch, worst = min(pairs, key=lambda pair: pair[1])
+    return [_goal(name, f">= {need:.3g}x", f"{worst:.2f}x at worst (B = {batch:,})",
+                  worst >= need)]
+
+
+def _checked_cost_goal(by: dict, batches: list) -> dict:
+    name = "checked step's cost over the unchecked one, B <= 65,536"
+    target = f"<= {CHECKED_EXTRA_S * 1e6:.0f} us"
+    extra = [(b, by["fused_cuda_checked", b]["seconds"] - by["fused_cuda", b]["seconds"])
+             for b in batches if ("fused_cuda_checked", b) in by and ("fused_cuda", b) in by]
+    if not extra or len(extra) < len(batches):
+        return _goal(name, target, None, False)
+    batch, worst = max(extra, key=lambda pair: pair[1])
+    return _goal(name, target, f"{worst * 1e6:.0f} us at worst (B = {batch:,})",
+                 worst <= CHECKED_EXTRA_S)
 
 
 def _memory_goals(memory: dict) -> list[dict]:

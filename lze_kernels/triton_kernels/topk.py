@@ -10,9 +10,9 @@ ascending row order with no sort.
 
 Launch plans (no host sync, CUDA-graph capturable):
 
-* ``B <= SMALL_MAX_ROWS``: one program holds the whole batch in registers (a ``[BLOCK]`` tile,
-  ``BLOCK`` = 1,024, 4,096 or 8,192) and runs every pass, with 8-bit digits (four passes,
-  256-bin histograms): one launch.
+* ``B <= SMALL_MAX_ROWS`` (4,096): one program holds the whole batch in registers (a ``[BLOCK]``
+  tile, ``BLOCK`` = 1,024 or 4,096) and runs every pass, with 8-bit digits (four passes, 256-bin
+  histograms): one launch.
 * larger B: six launches over ``P = cdiv(B, rows_per_program)`` programs (``rows_per_program``
   = ``TILE`` = 4,096 rows, more when B > ``MAX_PROGRAMS * TILE``, looped in tiles of ``TILE``):
   prepare (zero the workspace header; per-program energy extents for the noise scale), score
@@ -45,10 +45,11 @@ import triton.language as tl
 from ..reference import Selection
 from ._launch import LaunchConfig, interpreting
 
-SMALL_MAX_ROWS = 8192
-# The one-program tile, the smallest that holds the batch, and its warps: at most 8 rows per
-# thread keeps it in registers (ptxas, sm_90: 80 / 95 / 64 registers, 0 / 0 / 12 spilled bytes).
-SMALL_BLOCKS = {1024: 8, 4096: 16, 8192: 32}
+SMALL_MAX_ROWS = 4096
+# The one-program tile, the smallest that holds the batch, and its warps: 4 / 8 rows per thread
+# keep it in registers (ptxas, sm_90: 80 / 95 registers, no spills; a tile of 8,192 spilled at
+# 16 and at 32 warps).
+SMALL_BLOCKS = {1024: 8, 4096: 16}
 TILE = 4096
 # The interpreter pays per operation and per program, not per element: larger tiles, fewer
 # programs (B = 1M: 16 programs instead of 256).
