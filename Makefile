@@ -70,8 +70,9 @@ test: setup
 # the pinned verl set (requirements/constraints-verl.txt), this package built into it without the
 # CUDA modules (build dir build-verl/, apart from the editable build's), and the verl tests run
 # with `python -P` so that they import the installed package, not the source tree.
-# tests/test_verl_fit.py runs verl's own fit() loops on a local Ray instance through the CPU
-# platform in tests/verl_cpu (7 runs of 3 steps, 4-9 minutes on two cores).
+# tests/test_verl_fit.py and tests/test_verl_fit_passes.py run verl's own fit() loops on two
+# data-parallel workers of a local Ray instance through the CPU platform in tests/verl_cpu
+# (12 runs of 1-6 steps, about a minute each on two cores; marked slow).
 VERL_VENV ?= .venv-verl
 VERL_PY := $(VERL_VENV)/bin/python
 VERL_PIP := $(VERL_PY) -m pip --disable-pip-version-check -q

@@ -1,14 +1,17 @@
 """LZE through verl 0.9.1's own training loops on this CPU: legacy ``RayPPOTrainer.fit()`` (the
 project's ``LZERayPPOTrainer``) and the v1 trainer (``LZEReplayBuffer`` as its custom sampler),
-3 steps each with plain GRPO and with LZE.
+3 steps each with plain GRPO and with LZE, on two data-parallel ranks.
 
 Nothing of verl's loop is copied or stubbed: verl's Ray worker group runs verl's
-``ActorRolloutRefWorker`` (FSDP2 actor and reference model, gloo), its agent loop, reward loop
-and weight sync, on a CPU platform loaded through verl's ``VERL_USE_EXTERNAL_MODULES`` and a
-Hugging Face rollout server behind verl's rollout interfaces (``tests/verl_cpu``). The test
-records what ``fit`` hands each stage (rollout, old log-probs, reference log-probs, update) and
-checks that LZE's update equals a plain GRPO update on the kept groups alone: the same responses
-replayed through a GRPO ``fit`` of one step on a dataset of just those prompts.
+``ActorRolloutRefWorker`` on two ranks (FSDP2 actor and reference model, gloo), its agent loop,
+reward loop and weight sync, on a CPU platform loaded through verl's
+``VERL_USE_EXTERNAL_MODULES`` and a Hugging Face rollout server behind verl's rollout interfaces
+(``tests/verl_cpu``). The test records what each rank's worker receives in each stage (old
+log-probs, reference log-probs, update; the rollout as ``fit`` hands it over) and checks that
+LZE's update equals a plain GRPO update on the kept groups alone: the same responses replayed
+through a GRPO ``fit`` of one step on a dataset of just those prompts. The legacy runs use
+``actor.use_prefix_grouper`` (whole groups per rank; verl refuses a group count the ranks do not
+divide); ``tests/test_verl_fit_passes.py`` runs legacy without it.
 
 Runs where verl is installed (``make test-verl``); each ``fit`` starts its own Ray instance and
 takes about a minute here, so the module is marked slow.
@@ -32,13 +35,13 @@ from lze_kernels.config import num_keep  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-SHAPE = Shape(batch=4, n=4, steps=3, prompts=16)
+SHAPE = Shape(batch=4, n=4, steps=3, prompts=16, ranks=2)
 KEEP_RATIO = 0.5
 KEPT = num_keep(SHAPE.batch, KEEP_RATIO)  # k of docs/spec.md §4: 2 of 4 groups
-# verl splits the update into mini-batches of ppo_mini_batch_size groups; LZE's k groups must
-# make whole mini-batches (legacy refuses otherwise, v1 pads with no-op rows), so every run uses
-# mini-batches of k groups.
+# verl splits the update into mini-batches of ppo_mini_batch_size groups and LZE keeps whole
+# ones: with mini-batches of k groups it keeps exactly k (tests/test_verl_fit_passes.py rounds).
 MINI_BATCH = [f"actor_rollout_ref.actor.ppo_mini_batch_size={KEPT}"]
+PREFIX_GROUPER = ["actor_rollout_ref.actor.use_prefix_grouper=True"]
 LZE_OPTIONS = {"keep_ratio": KEEP_RATIO, "noise_scale": 0.0}
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "verl_stages.md"
 
@@ -62,7 +65,8 @@ class Runs:
 
     def compose(self, v1: bool, overrides=(), train=None, shape=SHAPE):
         return harness.compose(self.model, train or self.train, self.work, v1=v1, shape=shape,
-                               overrides=MINI_BATCH + list(overrides))
+                               overrides=MINI_BATCH + ([] if v1 else PREFIX_GROUPER)
+                               + list(overrides))
 
     def legacy_grpo(self):
         return harness.fit_legacy(self.compose(v1=False))
@@ -70,15 +74,10 @@ class Runs:
     def legacy_lze(self):
         from lze_kernels.integrations.verl import LZEAdvantage
         from lze_kernels.integrations.verl.legacy import LZERayPPOTrainer
-        from verl.trainer.ppo import core_algos
 
-        name = harness.unique_name("lze_fit")
-        LZEAdvantage(SHAPE.prompts, LZEConfig(**LZE_OPTIONS)).register(name)
-        try:
+        with harness.registered(LZEAdvantage(SHAPE.prompts, LZEConfig(**LZE_OPTIONS))) as name:
             return harness.fit_legacy(self.compose(False, [f"algorithm.adv_estimator={name}"]),
                                       trainer_cls=LZERayPPOTrainer)
-        finally:
-            core_algos.ADV_ESTIMATOR_REGISTRY.pop(name, None)
 
     def legacy_replay(self):
         """Plain GRPO, one step, on a dataset of exactly the groups legacy LZE updated on at
@@ -90,10 +89,10 @@ class Runs:
         return harness.fit_v1(self.compose(v1=True))
 
     def v1_topk(self):
-        return harness.fit_v1(self.compose(True, v1_sampler("topk")))
+        return harness.fit_v1(self.compose(True, v1_buffer("topk")))
 
     def v1_refill(self):
-        return harness.fit_v1(self.compose(True, v1_sampler("refill") + [
+        return harness.fit_v1(self.compose(True, v1_buffer("refill") + [
             "data.gen_batch_size=1", "+trainer.v1.sampler.sampler_kwargs.gen_batch_size=1"]))
 
     def v1_replay(self):
@@ -111,15 +110,8 @@ class Runs:
         return fit(config, before_fit=harness.replay_on_server(kept))
 
 
-def v1_sampler(mode: str) -> list[str]:
-    kwargs = "+trainer.v1.sampler.sampler_kwargs"
-    return ["trainer.v1.sampler.custom_sampler.path="
-            "pkg://lze_kernels.integrations.verl.replay_buffer",
-            "trainer.v1.sampler.custom_sampler.name=LZEReplayBuffer",
-            "data.custom_cls.path=pkg://lze_kernels.integrations.verl.checkpoint",
-            "data.custom_cls.name=LZERLHFDataset",
-            f"{kwargs}.mode={mode}", f"{kwargs}.method=lze", f"{kwargs}.num_prompts={SHAPE.prompts}",
-            *(f"{kwargs}.lze.{key}={value}" for key, value in LZE_OPTIONS.items())]
+def v1_buffer(mode: str) -> list[str]:
+    return harness.v1_buffer(mode, SHAPE.prompts, LZE_OPTIONS)
 
 
 def kept_generations(run: harness.Run, step: int) -> list[harness.Generation]:
@@ -144,29 +136,37 @@ def runs(tmp_path_factory):
 # ----------------------------------------------------------------------------------- checks
 
 
+def assert_each_rank_gets(run: harness.Run, step: int, rows: int) -> None:
+    """``rows`` rows in each stage after the rollout, half on each rank's worker, no padding."""
+    for stage in ("old_log_prob", "ref_log_prob", "update"):
+        assert run.rows_per_rank(step, stage) == {0: rows // 2, 1: rows // 2}, (step, stage)
+        assert run.padding_rows(step, stage) == 0, (step, stage)
+
+
 @pytest.mark.parametrize("trainer", ["legacy", "v1"])
 def test_grpo_every_stage_gets_every_row(runs, trainer):
-    """Plain GRPO: each step the B x n responses generated reach every stage, and the log-prob
-    passes run over exactly the tokens the rollout server generated (prompt + response)."""
+    """Plain GRPO: each step the B x n responses generated reach every stage, half on each
+    rank, and the log-prob passes run over exactly the tokens the rollout server generated
+    (prompt + response)."""
     run = runs[f"{trainer}_grpo"]
     assert run.steps == [1, 2, 3]
     for step in run.steps:
-        assert len(run.generations[step]) == SHAPE.batch * SHAPE.n
-        for stage in STAGES:
-            assert run.rows(step, stage) == SHAPE.batch * SHAPE.n, (step, stage)
+        assert len(run.generations[step]) == run.rows(step, "rollout") == SHAPE.batch * SHAPE.n
+        assert_each_rank_gets(run, step, SHAPE.batch * SHAPE.n)
         assert run.tokens(step, "old_log_prob") == run.tokens(step, "rollout")
 
 
 def test_legacy_lze_sends_k_groups_past_the_reward(runs):
-    """Legacy LZE: B x n rows rolled out, exactly k x n rows (k = floor(B x keep_ratio) groups)
-    reach the old-log-prob pass, the reference pass and the update."""
+    """Legacy LZE: B x n rows rolled out, exactly k x n rows (k = floor(B x keep_ratio) groups,
+    whole groups on each rank under the prefix grouper) reach the old-log-prob pass, the
+    reference pass and the update, half on each rank; the effective ratio is logged."""
     run = runs["legacy_lze"]
     assert run.steps == [1, 2, 3]
     for step in run.steps:
         assert run.rows(step, "rollout") == len(run.generations[step]) == SHAPE.batch * SHAPE.n
-        for stage in ("old_log_prob", "ref_log_prob", "update"):
-            assert run.rows(step, stage) == KEPT * SHAPE.n, (step, stage)
+        assert_each_rank_gets(run, step, KEPT * SHAPE.n)
         assert run.tokens(step, "update") < run.tokens(step, "rollout")
+        assert run.metrics[step]["lze/keep_ratio_effective"] == KEPT / SHAPE.batch
 
 
 def test_legacy_lze_update_is_grpo_on_the_kept_groups(runs):
@@ -179,15 +179,14 @@ def test_legacy_lze_update_is_grpo_on_the_kept_groups(runs):
 
 def test_v1_topk_rolls_out_k_prompts_and_updates_the_top_groups(runs):
     """v1 top-k: the trainer's K = train_batch_size prompts are rolled out (no refill), and the
-    update gets at most floor(K x keep_ratio) groups, no padding rows."""
+    update gets k = floor(K x keep_ratio) groups, half on each rank, no padding rows; the
+    effective ratio is logged."""
     run = runs["v1_topk"]
     assert run.steps == [1, 2, 3]
     for step in run.steps:
         assert len(run.generations[step]) == run.rows(step, "rollout") == SHAPE.batch * SHAPE.n
-        for stage in ("old_log_prob", "ref_log_prob", "update"):
-            rows = run.rows(step, stage)
-            assert 0 < rows <= KEPT * SHAPE.n and rows % SHAPE.n == 0, (step, stage)
-            assert run.padding_rows(step, stage) == 0
+        assert_each_rank_gets(run, step, KEPT * SHAPE.n)
+        assert run.metrics[step]["lze/keep_ratio_effective"] == KEPT / SHAPE.batch
 
 
 def test_v1_topk_update_is_grpo_on_the_kept_groups(runs):
@@ -203,8 +202,7 @@ def test_v1_refill_rolls_out_extra_prompts_for_a_full_batch(runs):
     least = math.ceil(SHAPE.batch / KEEP_RATIO) * SHAPE.n
     for step in run.steps:
         assert len(run.generations[step]) == run.rows(step, "rollout") >= least
-        for stage in ("old_log_prob", "ref_log_prob", "update"):
-            assert run.rows(step, stage) == SHAPE.batch * SHAPE.n, (step, stage)
+        assert_each_rank_gets(run, step, SHAPE.batch * SHAPE.n)
 
 
 def assert_same_update(selected: harness.Run, replay: harness.Run) -> None:
@@ -238,9 +236,9 @@ def test_stage_table(runs):
 
 def stage_table(modes: dict, runs: Runs) -> str:
     lines = [
-        "Rows each stage of verl's own `fit()` received, mean per step over "
-        f"{SHAPE.steps} steps\n(B = {SHAPE.batch} prompts, n = {SHAPE.n}, keep_ratio "
-        f"{KEEP_RATIO}, k = {KEPT}), and the FLOPs proxy per step\n(2P per rollout and "
+        f"Rows each stage of verl's own `fit()` received on its {SHAPE.ranks} ranks together, "
+        f"mean per step over\n{SHAPE.steps} steps (B = {SHAPE.batch} prompts, n = {SHAPE.n}, "
+        f"keep_ratio {KEEP_RATIO}, k = {KEPT}), and the FLOPs proxy per step\n(2P per rollout and "
         "log-prob token, 6P per update token) against plain GRPO of the same\ntrainer. "
         "Written by `tests/test_verl_fit.py::test_stage_table`.",
         "",

@@ -2,14 +2,16 @@
 # GRPO with LZE selection in verl 0.9.1's v1 trainer (trainer.use_v1=true, the default), on one
 # node of 8 GPUs. Not run in this project's CI (no GPU); its selection path is what
 # tests/test_verl_v1.py runs through verl's ReplayBuffer, TransferQueue and dataloader, and
-# tests/test_verl_fit.py through verl's own fit() on the CPU.
+# tests/test_verl_fit.py and tests/test_verl_fit_passes.py through verl's own fit() on the CPU.
 #
 #   pip install "verl[vllm]==0.9.1" && pip install /path/to/a/clone/of/lze-kernels
 #   bash examples/verl/run_lze_grpo.sh [extra hydra overrides]
 #
 # MODE=topk (the default, LZE as its paper runs it): each step rolls out train_batch_size (K)
-# prompts and trains on the top k = floor(K x keep_ratio) groups by learning-zone energy (64 of
-# 128 here; ppo_mini_batch_size divides k, so verl's v1 adds no padding rows). MODE=refill
+# prompts and trains on the top k = floor(K x keep_ratio) groups by learning-zone energy, rounded
+# to the nearest whole number of mini-batches (64 of 128 here, one mini-batch of 64; any
+# ppo_mini_batch_size plain GRPO accepts works, lze/keep_ratio_effective logs the ratio kept,
+# and v1 adds no padding rows). MODE=refill
 # trains on K selected groups instead, rolling out ceil(K / keep_ratio) prompts and more (the
 # extra ones through verl's refill, one prompt per fetch). FORWARD=greso (or pruner, dots) also
 # chooses which prompts are rolled out at all; DOTS needs EMBEDDINGS, a torch file of

@@ -10,13 +10,15 @@ platform (:mod:`.platform`) and the rollout server (:mod:`.hf_rollout`).
 
 What is recorded (:class:`Run`), per step:
 
-* each stage's input as verl's ``fit`` passes it to the worker group (a proxy around the group:
-  ``compute_log_prob`` = old log-probs, ``compute_ref_log_prob``, ``update_actor``): rows, the
-  synthetic padding rows v1 adds, tokens (prompt + response, what a forward pass runs over),
-  and the token ids of the updated rows;
+* each stage's input as each data-parallel rank's worker receives it (``compute_log_prob`` =
+  old log-probs, ``compute_ref_log_prob``, ``update_actor``; the arguments of verl's remote call
+  to that rank, after its own dispatch split the batch): rows, the synthetic padding rows v1
+  adds, tokens (prompt + response, what a forward pass runs over), and the token ids of the
+  updated rows;
 * the rollout: every response the rollout server generated (prompt ids, response ids, log-probs),
   and the rows ``fit`` handed the rollout manager;
-* the weights the server received after each update (verl's weight sync): step 0 is the start.
+* the weights the server received after each update (verl's weight sync): step 0 is the start;
+* the metrics ``fit`` logged (verl's ``Tracking.log``).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Iterable, Iterator, Optional
 
 import ray
 import torch
@@ -43,13 +45,14 @@ FP32 = "{param_dtype: fp32, reduce_dtype: fp32, buffer_dtype: fp32}"
 @dataclass(frozen=True)
 class Shape:
     """A small run: ``batch`` prompts of ``n`` responses of at most ``response_length`` tokens,
-    ``steps`` steps, on a dataset of ``prompts`` rows."""
+    ``steps`` steps, on a dataset of ``prompts`` rows, ``ranks`` data-parallel actor workers."""
 
     batch: int = 4
     n: int = 4
     steps: int = 3
     prompts: int = 16
     response_length: int = 8
+    ranks: int = 2
 
 
 @contextmanager
@@ -76,9 +79,10 @@ def cpu_platform():
 
 def compose(model: Path, train_file: Path, work: Path, *, v1: bool, shape: Shape = Shape(),
             overrides: Iterable[str] = ()) -> DictConfig:
-    """verl's ``ppo_trainer`` config, composed with hydra as ``main_ppo`` does, for one CPU
-    worker: FSDP2 in fp32, micro-batches of one group (n rows), SGD (so an update is -lr x gradient), KL loss against the reference
-    model, rollout ``hf`` with one agent-loop and one reward worker, no validation or saving."""
+    """verl's ``ppo_trainer`` config, composed with hydra as ``main_ppo`` does, for
+    ``shape.ranks`` CPU workers: FSDP2 in fp32, micro-batches of one group (n rows), SGD (so an
+    update is -lr x gradient), KL loss against the reference model, rollout ``hf`` (one server
+    across the ranks) with one agent-loop and one reward worker, no validation or saving."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     import verl.trainer.main_ppo as main_ppo
@@ -105,15 +109,17 @@ def compose(model: Path, train_file: Path, work: Path, *, v1: bool, shape: Shape
         "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0.001",
         f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={n}",
         "actor_rollout_ref.rollout.name=hf", f"actor_rollout_ref.rollout.n={n}",
-        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        # One rollout server across the ranks (its seeded draws do not depend on routing).
+        f"actor_rollout_ref.rollout.tensor_model_parallel_size={shape.ranks}",
         f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={n}",
         "actor_rollout_ref.rollout.agent.num_workers=1",
         "actor_rollout_ref.rollout.full_determinism=True",
         "reward.num_workers=1",
         f"reward.custom_reward_function.path={Path(task.__file__)}",
         "reward.custom_reward_function.name=compute_score",
-        f"trainer.use_v1={v1}", "trainer.device=cpu", "trainer.n_gpus_per_node=1",
-        "trainer.nnodes=1", f"trainer.total_training_steps={shape.steps}",
+        f"trainer.use_v1={v1}", "trainer.device=cpu",
+        f"trainer.n_gpus_per_node={shape.ranks}", "trainer.nnodes=1",
+        f"trainer.total_training_steps={shape.steps}",
         "trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.save_freq=-1",
         "trainer.logger=[console]", "trainer.resume_mode=disable",
         f"trainer.default_local_dir={work / 'checkpoints'}",
@@ -129,15 +135,16 @@ def compose(model: Path, train_file: Path, work: Path, *, v1: bool, shape: Shape
 
 
 @contextmanager
-def ray_session(v1: bool):
+def ray_session(config: DictConfig):
     """A local Ray instance for one run (verl names its rollout servers by replica rank, so runs
-    do not share one): one logical GPU for the worker, CPUs oversubscribed so that verl's
+    do not share one): one logical GPU per actor worker, CPUs oversubscribed so that verl's
     placement groups resolve on two cores; for v1 also TransferQueue with one storage unit."""
+    v1 = config.trainer.use_v1
     env = platform.environment(TESTS_DIR)
     if v1:
         env["TRANSFER_QUEUE_ENABLE"] = "1"
-    ray.init(num_cpus=32, num_gpus=1, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": env})
+    ray.init(num_cpus=32, num_gpus=config.trainer.n_gpus_per_node, include_dashboard=False,
+             log_to_driver=False, runtime_env={"env_vars": env})
     try:
         if v1:
             import transfer_queue as tq
@@ -156,11 +163,13 @@ def ray_session(v1: bool):
 
 @dataclass
 class StageInput:
-    """One call of a stage: rows, v1's synthetic padding rows among them, tokens."""
+    """One rank's share of a stage call (``rank`` None: the rollout manager's whole call): rows,
+    v1's synthetic padding rows among them, tokens."""
 
     rows: int
     padding_rows: int
     tokens: int
+    rank: Optional[int] = None
     sequences: Optional[list[tuple[int, ...]]] = None  # update: the real rows' token ids
 
 
@@ -173,16 +182,25 @@ class Generation:
 
 @dataclass
 class Run:
-    """What one ``fit`` passed each stage, per step (1-based), and the synced weights."""
+    """What one ``fit`` passed each stage, per step (1-based), the synced weights, and the
+    metrics ``fit`` logged."""
 
     stages: dict[int, dict[str, list[StageInput]]] = field(
         default_factory=lambda: defaultdict(lambda: defaultdict(list)))
     generations: dict[int, list[Generation]] = field(default_factory=dict)
     weights: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
+    metrics: dict[int, dict] = field(default_factory=dict)
     parameters: int = 0
 
     def rows(self, step: int, stage: str) -> int:
         return sum(call.rows for call in self.stages[step][stage])
+
+    def rows_per_rank(self, step: int, stage: str) -> dict[int, int]:
+        """Rows each data-parallel rank's worker received in ``stage`` of ``step``."""
+        counts: dict[int, int] = defaultdict(int)
+        for call in self.stages[step][stage]:
+            counts[call.rank] += call.rows
+        return dict(counts)
 
     def padding_rows(self, step: int, stage: str) -> int:
         return sum(call.padding_rows for call in self.stages[step][stage])
@@ -198,26 +216,45 @@ class Run:
 
 
 class RecordingWorkerGroup:
-    """verl's worker group as ``fit`` uses it, recording each stage's input before the call."""
+    """verl's worker group as ``fit`` uses it, recording each stage at the worker calls: what
+    verl's dispatch hands each rank's worker (the arguments of its remote call)."""
 
     STAGE_OF = {"compute_log_prob": "old_log_prob", "compute_ref_log_prob": "ref_log_prob",
                 "update_actor": "update"}
 
     def __init__(self, group, trainer, run: Run):
         self._group, self._trainer, self._run = group, trainer, run
+        self._tags: dict = {}  # v1: key -> tag (seq_len, padding flag) of the call in flight
+        remote = group._execute_remote_single_worker
+
+        def recorded(worker, method_name, *args, **kwargs):
+            stage = self._stage_of(method_name)
+            if stage is not None:
+                share = _stage_input(args[0], self._tags, keep_sequences=stage == "update")
+                share.rank = group._workers.index(worker)
+                run.stages[trainer.global_steps][stage].append(share)
+            return remote(worker, method_name, *args, **kwargs)
+
+        group._execute_remote_single_worker = recorded
+
+    def _stage_of(self, method_name: str) -> Optional[str]:
+        """The stage of a worker method (verl's colocated workers prefix it with the role,
+        e.g. ``actor_rollout_ref_update_actor``)."""
+        for name, stage in self.STAGE_OF.items():
+            if method_name == name or method_name.endswith(f"_{name}"):
+                return stage
+        return None
 
     def __getattr__(self, name):
         attribute = getattr(self._group, name)
         if name not in self.STAGE_OF:
             return attribute
 
-        def recorded(data, *args, **kwargs):
-            stage = self.STAGE_OF[name]
-            self._run.stages[self._trainer.global_steps][stage].append(
-                _stage_input(data, keep_sequences=stage == "update"))
+        def call(data, *args, **kwargs):
+            self._tags = dict(zip(data.keys, data.tags)) if hasattr(data, "tags") else {}
             return attribute(data, *args, **kwargs)
 
-        return recorded
+        return call
 
 
 class RecordingRolloutManager:
@@ -236,29 +273,34 @@ class RecordingRolloutManager:
         return self._manager.generate_sequences(prompts)
 
 
-def _stage_input(data, keep_sequences: bool) -> StageInput:
-    """Rows and tokens of a stage's input: a no-padding TensorDict (legacy) or v1's
-    ``KVBatchMeta`` (its tags carry each row's ``seq_len`` and padding flag; the rows' tokens
-    are in TransferQueue, where the worker reads them)."""
-    tags = getattr(data, "tags", None)
-    if tags is None:
-        input_ids = data["input_ids"]
-    else:
+def _stage_input(share, tags: dict, keep_sequences: bool) -> StageInput:
+    """Rows and tokens of one rank's share: a no-padding TensorDict (legacy) or a
+    TransferQueue ``BatchMeta`` (v1; ``tags`` of the whole call carry each row's ``seq_len`` and
+    padding flag; the rows' tokens are in TransferQueue, where the worker reads them). A share
+    verl put in Ray's object store is read from there."""
+    if isinstance(share, ray.ObjectRef):
+        share = ray.get(share)
+    if tags:
         import transfer_queue as tq
+        from verl.utils.transferqueue_utils import batch_meta2kv_batch_meta
 
-        real = [key for key, tag in zip(data.keys, tags) if not tag.get("is_padding", False)]
-        input_ids = tq.kv_batch_get(keys=real, partition_id=data.partition_id,
+        meta = batch_meta2kv_batch_meta(share)
+        share_tags = [tags[key] for key in meta.keys]
+        real = [key for key, tag in zip(meta.keys, share_tags) if not tag.get("is_padding", False)]
+        input_ids = tq.kv_batch_get(keys=real, partition_id=meta.partition_id,
                                     select_fields=["input_ids"])["input_ids"]
+    else:
+        input_ids = share["input_ids"]
     offsets = input_ids.offsets().tolist()
     sequences = None
     if keep_sequences:
         values = input_ids.values().tolist()
         sequences = [tuple(values[a:b]) for a, b in zip(offsets[:-1], offsets[1:])]
-    if tags is None:
+    if not tags:
         return StageInput(rows=len(offsets) - 1, padding_rows=0, tokens=offsets[-1],
                           sequences=sequences)
-    return StageInput(rows=len(tags), padding_rows=len(tags) - (len(offsets) - 1),
-                      tokens=sum(int(tag["seq_len"]) for tag in tags), sequences=sequences)
+    return StageInput(rows=len(share_tags), padding_rows=len(share_tags) - (len(offsets) - 1),
+                      tokens=sum(int(tag["seq_len"]) for tag in share_tags), sequences=sequences)
 
 
 def flops(run: Run) -> float:
@@ -292,7 +334,7 @@ def _collect_server(run: Run) -> None:
     run.parameters = parameters
 
 
-def _legacy_trainer(config: DictConfig, trainer_cls):
+def _legacy_trainer(config: DictConfig, trainer_cls, train_sampler=None):
     """verl's legacy trainer, assembled as ``main_ppo_v0.TaskRunner.run`` does."""
     from verl.trainer.main_ppo_v0 import BaseTaskRunner
     from verl.trainer.ppo.utils import (create_rl_dataset, create_rl_sampler, need_critic,
@@ -314,17 +356,19 @@ def _legacy_trainer(config: DictConfig, trainer_cls):
                        resource_pool_manager=runner.init_resource_pool_mgr(config),
                        ray_worker_group_cls=worker_group_cls, train_dataset=dataset,
                        val_dataset=dataset, collate_fn=collate_fn,
-                       train_sampler=create_rl_sampler(config.data, dataset))
+                       train_sampler=train_sampler or create_rl_sampler(config.data, dataset))
 
 
-def fit_legacy(config: DictConfig, trainer_cls=None, before_fit=None) -> Run:
+def fit_legacy(config: DictConfig, trainer_cls=None, before_fit=None,
+               train_sampler=None) -> Run:
     """Run verl's legacy ``RayPPOTrainer.fit()`` (or ``trainer_cls``'s) and record it.
-    ``before_fit(trainer)`` runs after the workers are up (e.g. to make the server replay)."""
+    ``before_fit(trainer)`` runs after the workers are up (e.g. to make the server replay);
+    ``train_sampler`` replaces verl's ``create_rl_sampler`` as the trainer's ``train_sampler``."""
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
     run = Run()
-    with ray_session(v1=False):
-        trainer = _legacy_trainer(config, trainer_cls or RayPPOTrainer)
+    with ray_session(config), _logged_metrics(run):
+        trainer = _legacy_trainer(config, trainer_cls or RayPPOTrainer, train_sampler)
         trainer.init_workers()
         group = RecordingWorkerGroup(trainer.actor_rollout_wg, trainer, run)
         trainer.actor_rollout_wg = trainer.ref_policy_wg = group
@@ -343,7 +387,7 @@ def fit_v1(config: DictConfig, before_fit=None) -> Run:
     from verl.trainer.ppo.v1 import AgentLoopManagerTQ, get_trainer_cls
 
     run = Run()
-    with ray_session(v1=True):
+    with ray_session(config), _logged_metrics(run):
         trainer = get_trainer_cls(config.trainer.v1.trainer_mode)(config=config)
         trainer.init()
         manager = AgentLoopManagerTQ.create(config=config, llm_client=trainer.get_llm_client(),
@@ -359,6 +403,24 @@ def fit_v1(config: DictConfig, before_fit=None) -> Run:
     return run
 
 
+@contextmanager
+def _logged_metrics(run: Run):
+    """Every metrics dict ``fit`` logs (verl's ``Tracking.log``), by step, into ``run``."""
+    from verl.utils.tracking import Tracking
+
+    log = Tracking.log
+
+    def record(self, data, step, *args, **kwargs):
+        run.metrics.setdefault(step, {}).update(data)
+        return log(self, data, step, *args, **kwargs)
+
+    Tracking.log = record
+    try:
+        yield
+    finally:
+        Tracking.log = log
+
+
 def replay_on_server(generations: Iterable[Generation]):
     """A ``before_fit`` that makes the rollout server answer with ``generations``."""
     responses = defaultdict(list)
@@ -372,6 +434,43 @@ def replay_on_server(generations: Iterable[Generation]):
     return before_fit
 
 
-def unique_name(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex[:8]}"
+@contextmanager
+def registered(estimator) -> Iterator[str]:
+    """``estimator`` in verl's registry under a fresh name (``algorithm.adv_estimator``),
+    removed afterwards."""
+    from verl.trainer.ppo import core_algos
+
+    name = f"lze_fit_{uuid.uuid4().hex[:8]}"
+    estimator.register(name)
+    try:
+        yield name
+    finally:
+        core_algos.ADV_ESTIMATOR_REGISTRY.pop(name, None)
+
+
+def v1_buffer(mode: str, num_prompts: int, lze: dict, forward: Optional[dict] = None) -> list[str]:
+    """Overrides that make ``LZEReplayBuffer`` (``mode``, method lze, the ``LZEConfig`` fields
+    ``lze``, the forward sampler options ``forward``) the v1 trainer's sampler, with
+    ``LZERLHFDataset`` as its dataset class."""
+    kwargs = "+trainer.v1.sampler.sampler_kwargs"
+    return ["trainer.v1.sampler.custom_sampler.path="
+            "pkg://lze_kernels.integrations.verl.replay_buffer",
+            "trainer.v1.sampler.custom_sampler.name=LZEReplayBuffer",
+            "data.custom_cls.path=pkg://lze_kernels.integrations.verl.checkpoint",
+            "data.custom_cls.name=LZERLHFDataset",
+            f"{kwargs}.mode={mode}", f"{kwargs}.method=lze", f"{kwargs}.num_prompts={num_prompts}",
+            *(f"{kwargs}.lze.{key}={value}" for key, value in lze.items()),
+            *(f"{kwargs}.forward.{key}={value}" for key, value in (forward or {}).items())]
+
+
+def prompt_rows(run: Run, step: int, tokenizer) -> tuple[list[int], list[int]]:
+    """``(rolled out, updated)``: the dataset rows of ``step``'s generations and of the rows
+    its update received, sorted (a row per group: rows repeat when a batch repeats a prompt),
+    read from the prompts' text."""
+    def row(tokens) -> int:
+        return task.row_of_text(tokenizer.decode(list(tokens)))
+
+    rolled_out = [row(g.prompt) for g in run.generations[step]]
+    updated = [row(seq) for call in run.stages[step]["update"] for seq in call.sequences]
+    return sorted(rolled_out), sorted(updated)
 

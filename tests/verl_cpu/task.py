@@ -26,11 +26,12 @@ def prompts(count: int) -> list[str]:
     return [f"Write {n} letters:" for n in range(count)]
 
 
-def thresholds(count: int) -> list[int]:
+def thresholds(count: int, solved_every: int = 0) -> list[int]:
     """Per-prompt minimum response length in characters: the tiny model's sampled 8-token
     responses are 8 characters long at the median (0 to 17 seen), so thresholds of 7 to 10 give
-    pass rates of about 0.8, 0.5, 0.4 and 0.2, and most groups of 4 mixed rewards."""
-    return [7 + n % 4 for n in range(count)]
+    pass rates of about 0.8, 0.5, 0.4 and 0.2, and most groups of 4 mixed rewards.
+    ``solved_every``: every so many rows (row 0 first) threshold 0, always solved."""
+    return [0 if solved_every and n % solved_every == 0 else 7 + n % 4 for n in range(count)]
 
 
 def load_trainer_module(name: str):
@@ -49,13 +50,15 @@ def build_model(out_dir: Path) -> Path:
     return load_trainer_module("tiny_model").build(MODEL_SPEC, out_dir, prompts(64))
 
 
-def write_dataset(path: Path, count: int, rows: Optional[list[int]] = None) -> Path:
+def write_dataset(path: Path, count: int, rows: Optional[list[int]] = None,
+                  solved_every: int = 0) -> Path:
     """verl's RL parquet layout: chat prompt, data source, ground truth, ``extra_info.index``
     = the row (verl copies it into each sample's ``index``; LZE keys its history by it).
-    ``rows``: only these rows of the ``count`` (keeping their index), in this order."""
+    ``rows``: only these rows of the ``count`` (keeping their index), in this order;
+    ``solved_every``: as :func:`thresholds`."""
     import pandas as pd
 
-    texts, minimums = prompts(count), thresholds(count)
+    texts, minimums = prompts(count), thresholds(count, solved_every)
     records = [{"data_source": DATA_SOURCE,
                 "prompt": [{"role": "user", "content": texts[index]}],
                 "ability": "length",
