@@ -87,7 +87,9 @@ class PlainTorchSelector:
         bits = score.view(torch.int32).long() & 0xFFFFFFFF
         ordered = torch.where(bits >= 2**31, bits ^ 0xFFFFFFFF, bits | 2**31) - 2**31
         rows = torch.arange(batch, device=energy.device)
-        key = torch.where(candidate, (ordered << 32) | (0xFFFFFFFF - rows), -(2**63))
+        # (ordered << 32) - row: a larger score, then a smaller row, is a larger key. (Written
+        # as 0xFFFFFFFF - row in the low word, inductor folds the constant into an int32 index.)
+        key = torch.where(candidate, (ordered << 32) - rows, -(2**63))
         top = torch.topk(key, cfg.num_keep(batch))
         in_quota = top.values > -(2**63)
         keep_mask = torch.zeros(batch, dtype=torch.bool, device=energy.device).scatter(

@@ -156,15 +156,23 @@ def count_step_events(events, on_cuda: bool) -> dict:
 def run(device: torch.device, batches=BATCHES, group: int = GROUP, rounds: int = 30,
         variants: list[str] | None = None, log=print) -> list[dict]:
     """Every variant at every B: one row per (B, variant) with seconds, launches, syncs and the
-    ratio of its time to the fastest fused variant's at that B."""
-    variants = variants or variants_for(device)
+    ratio of its time to the fastest fused variant's at that B. A variant that raises (a
+    compiler's error, say) gets a row with its ``error`` instead, and is not run again."""
+    variants = list(variants or variants_for(device))
     rows = []
     for batch in batches:
         case = []
-        for variant in variants:
+        for variant in list(variants):
             inputs = RoundInputs(batch, group, device)
-            step = build_step(variant, inputs.num_prompts, device, batch)
-            seconds = time_step(step, inputs, rounds, device)
+            try:
+                step = build_step(variant, inputs.num_prompts, device, batch)
+                seconds = time_step(step, inputs, rounds, device)
+            except Exception as error:  # noqa: BLE001 (reported in the row)
+                log(f"  B={batch:>6} {variant:<16} failed: {type(error).__name__}: {error}")
+                rows.append({"B": batch, "G": group, "variant": variant,
+                             "error": f"{type(error).__name__}: {str(error)[:400]}"})
+                variants.remove(variant)
+                continue
             case.append({"B": batch, "G": group, "variant": variant, "seconds": seconds,
                          **profile_step(step, inputs, device)})
             log(f"  B={batch:>6} {variant:<16} {seconds * 1e6:10.1f} us "

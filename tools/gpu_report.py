@@ -59,8 +59,13 @@ def _kernel_goals(kernels: dict) -> list[dict]:
                   "all pass", text, ok)]
 
 
+def _timed(bench: dict) -> list[dict]:
+    """The benchmark's rows that ran (a variant that raised has an ``error`` instead)."""
+    return [r for r in bench.get("rows") or [] if "seconds" in r]
+
+
 def _bench_goals(bench: dict) -> list[dict]:
-    rows = bench.get("rows") or []
+    rows = _timed(bench)
     by = {(r["variant"], r["B"]): r for r in rows}
     batches = sorted({r["B"] for r in rows})
     fused = [r for r in rows if r["variant"] in FUSED]
@@ -250,7 +255,7 @@ def _notes(name: str, r: dict) -> str:
 
 
 def _bench_tables(bench: dict) -> list[str]:
-    rows = bench.get("rows") or []
+    rows = _timed(bench)
     if not rows:
         return []
     variants = list(dict.fromkeys(r["variant"] for r in rows))
@@ -266,6 +271,8 @@ def _bench_tables(bench: dict) -> list[str]:
         floor = floors.get(str(batch), {})
         lines.append(f"| {batch:,} | " + " | ".join(cells.get(v, "") for v in variants)
                      + f" | {_us(floor.get('launch_s'))} | {_us(floor.get('hbm_s'))} |")
+    lines += [f"\n{r['variant']} failed at B = {r['B']:,} and was not run again: {r['error']}"
+              for r in bench.get("rows") or [] if "error" in r]
     dots = bench.get("dots")
     if dots:
         lines += ["", "DOTS prediction, N = {n:,}, K = {k:,}, d = {d} ({dtype}): kernel "
