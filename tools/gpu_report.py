@@ -228,7 +228,8 @@ def _machine(results: dict, pre: dict) -> list[str]:
             f"{versions.get('nvcc', '?')} |",
             f"| versions unlike the expected ones | {'; '.join(mismatches) or 'none'} |",
             f"| command time | {results.get('elapsed_s', '?')} s of a {results.get('budget_s', '?')}"
-            f" s budget |"]
+            f" s budget |",
+            *(f"| run {i} | {run} |" for i, run in enumerate(results.get("runs", []), 1))]
 
 
 def _notes(name: str, r: dict) -> str:
