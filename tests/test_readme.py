@@ -1,7 +1,7 @@
 """Every code block of the README runs as printed, or is checked as far as a CPU allows; how each
 one is treated is the list ``RULES`` in tests/readme_blocks.py. Where a run must be small (the
 slow tests), it adds only the lines the README itself gives for a small run. The README stays a
-front page: at most 320 lines."""
+front page: at most 330 lines."""
 
 import ast
 import json
@@ -19,7 +19,7 @@ TESTS = Path(__file__).resolve().parent
 
 
 def test_readme_is_a_front_page():
-    assert len(README.read_text().splitlines()) <= 320
+    assert len(README.read_text().splitlines()) <= 330
 
 
 def test_every_block_has_exactly_one_rule_and_every_rule_a_block():
