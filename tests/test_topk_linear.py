@@ -56,7 +56,7 @@ def test_a_million_rows_select_what_the_reference_selects(backend_name, noise_sc
 
 # Batches around the one-block limits (8,192 in CUDA, 4,096 in Triton) and over several tiles of
 # the multi-launch plan
-# (4,096 rows per CUDA block, 65,536 per interpreted Triton program), each with a ragged last
+# (1,024 rows per CUDA block, 65,536 per interpreted Triton program), each with a ragged last
 # tile; four distinct energies make the k-th best tied with rows in many tiles.
 @pytest.mark.parametrize("backend_name", BACKENDS)
 @pytest.mark.parametrize("batch", [4096, 4097, 8192, 8193, 3 * 4096 + 17, 2 * 65536 + 999])

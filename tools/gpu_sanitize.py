@@ -8,7 +8,7 @@ a mismatch; the sanitizer's own exit code reports what it found.
 
 ``--racecheck`` runs fewer, smaller shapes: racecheck tracks every shared-memory access. They
 still span both launch plans of the top-k: one block up to 8,192 rows, then the six-launch radix
-select over blocks of 4,096 rows (12,289: three blocks and a one-row tile).
+select over blocks of 1,024 rows (12,289: twelve blocks and a one-row tile).
 """
 
 import argparse
