@@ -100,6 +100,8 @@ def test_every_gpu_launch_shape_is_compiled_ahead_of_time(monkeypatch):
             key = (topk._small_topk_kernel,
                    (("BLOCK", topk.small_block(batch)), ("HAS_NOISE", noise)))
             assert key in compiled, (batch, noise)
+        assert (topk._tiled_topk_kernel, (("HAS_NOISE", noise), ("TILE", topk.TILED_TILE))) \
+            in compiled
         assert (topk._prepare_kernel, (("HAS_NOISE", noise), grid[1])) in compiled
         assert (topk._score_kernel, (("HAS_NOISE", noise), *grid)) in compiled
     for key in [(topk._refine_kernel, (grid[0], ("PASS", 1), grid[1])),
