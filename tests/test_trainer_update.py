@@ -219,3 +219,28 @@ def test_vllm_engine_leaves_the_text_to_the_trainer():
     engine.llm, engine._sleeping = SimpleNamespace(generate=generate), set()
     engine.generate([[5, 6], [7]], [2, 1], SamplingSpec(1.0, 1.0, 4), seed=0)
     assert len(asked) == 2 and not any(p.detokenize for p in asked)
+
+
+def test_prompt_features_take_as_many_prompts_as_the_token_cap_holds(model_dir, monkeypatch):  # noqa: F811
+    """Without actor.micro_batch_size the prefill forward (HIVE's entropy, DOTS's embeddings)
+    takes cap // data.max_prompt_tokens prompts a pass (the same count on every rank), and the
+    features do not depend on it."""
+    from types import SimpleNamespace
+
+    from lze_trainer.methods import prefill
+
+    actor = stub_actor(model_dir, torch.float32)
+    actor.pad_id = 0
+    prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [14], [15, 16]]
+    features, forward = {}, actor.engine.forward
+    for size, cap in ((None, 128), (None, 10**6), (5, None)):
+        cfg = C.load("tiny", [f"actor.micro_batch_size={'null' if size is None else size}"])
+        monkeypatch.setattr(actor, "micro_batch_tokens", lambda cap=cap: cap, raising=False)
+        ctx = SimpleNamespace(actor=actor, cfg=cfg,
+                              generation=SimpleNamespace(world=SimpleNamespace(device="cpu")))
+        calls = []
+        monkeypatch.setattr(actor.engine, "forward", lambda calls=calls, **kw:
+                            calls.append(len(kw["input_ids"])) or forward(**kw))
+        features[(size, cap)] = prefill._forward(ctx, prompts, prefill.mean_prompt_entropy, False)
+        assert calls == ([2, 2, 1] if cap == 128 else [5]), (size, cap)  # 128 // 64 = 2 a pass
+    torch.testing.assert_close(features[(None, 128)], features[(5, None)], rtol=1e-5, atol=1e-6)

@@ -29,7 +29,7 @@ from .metrics import Timer
 
 
 # tokens: response tokens with a loss; sequence_tokens: every token (prompt and response) of the
-# trained sequences, which the update's forward and backward run through (the FLOPs proxy's)
+# trained sequences, each sequence counted whole (the FLOPs proxy's, lze_trainer.compute)
 UPDATE_SUMS = ("pg_loss", "kl", "entropy", "clipped_tokens", "tokens", "sequence_tokens")
 
 # Share of the free memory (GPU: the device's free memory and the caching allocator's free
