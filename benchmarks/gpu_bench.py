@@ -5,8 +5,8 @@ Variants (one call each on fresh binary rewards and ids per round, bench_common.
 stateful ones keep N = 4 B prompts):
 
 * ``fused_cuda``, ``fused_triton`` (``fused_cpu`` on a CPU): ``LZESelector.step(...,
-  check_inputs=False)``, the sync-free call; ``fused_cuda_checked`` (``fused_cpu_checked``): the
-  default, checked call (one host sync);
+  check_inputs=False)``, the unchecked call; ``fused_cuda_checked`` (``fused_cpu_checked``): the
+  default call (on a GPU its faults raise at a later step, with no sync; on a CPU right away);
 * ``torch_plain``: gpu_baselines.PlainTorchSelector, the same step in plain vectorised PyTorch as
   a user writes it (about twenty ops, ``torch.topk``), and ``torch_plain_compile``: the same
   under ``torch.compile(dynamic=True, fullgraph=True)``, one compile for every B;

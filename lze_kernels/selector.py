@@ -17,6 +17,7 @@ import torch
 from . import dispatch, reference, validation
 from . import layout as L
 from .config import LZEConfig
+from .faults import DeferredFaults
 from .layout import KernelParams, SelectorState
 
 _FORMAT = "lze_kernels.selector/1"
@@ -59,6 +60,7 @@ class LZESelector:
         self._backend = dispatch.resolve(backend, self.device)
         self._params = KernelParams.from_config(self.config)
         self.state = SelectorState.empty(num_prompts, self.device)
+        self._deferred_faults = DeferredFaults(self.device)
         self.epoch = 0
 
     @property
@@ -73,17 +75,21 @@ class LZESelector:
     # ------------------------------------------------------------------------- training step
 
     def step(self, rewards: torch.Tensor, prompt_ids: torch.Tensor,
-             valid: Optional[torch.Tensor] = None, *, check_inputs: bool = True,
+             valid: Optional[torch.Tensor] = None, *, check_inputs: Optional[bool] = None,
              sorted: bool = False) -> StepOutput:
         """Score one batch of prompt groups, update their state and select the top-k groups.
 
         ``rewards`` [B, G] float in [0, 1], ``prompt_ids`` [B] int64 distinct ids in [0, N),
-        ``valid`` [B, G] bool for ragged groups. The kernels check the values on the device and
-        skip bad rows (docs/kernels.md, "Checks"). ``check_inputs=True`` reads their verdict
-        once after the step, its one host sync: on bad input it undoes the step (the state is
-        as before) and raises ``ValueError``, as it does for faults of earlier unchecked steps.
-        With ``False`` the step is sync-free and bad rows are reported by the next checked call
-        or :meth:`raise_if_faulted`.
+        ``valid`` [B, G] bool for ragged groups. Shapes, dtypes and devices are checked here;
+        values by the kernels on the device, which skip a bad row (its state is not written)
+        and record a fault (docs/kernels.md, "Bad input"). ``check_inputs`` says when that raises
+        ``ValueError``:
+
+        * ``True``: right after the step, which it undoes (one host sync);
+        * ``None`` (default): ``True`` on a CPU; on a GPU, without a sync, at the start of a
+          later step, once the fault word's asynchronous copy has arrived (that step does not
+          run), or at :meth:`raise_if_faulted`;
+        * ``False``: only at :meth:`raise_if_faulted` or a later checked step.
 
         ``kept_indices`` lists the kept groups in ascending batch position; ``sorted=True``
         orders them by descending score instead (docs/spec.md §4: O(B) more work and a sort of
@@ -91,7 +97,10 @@ class LZESelector:
         """
         validation.check_step_structure(rewards, prompt_ids, valid, self.device,
                                         self.num_prompts)
-        rows_before = self.state.rows_of(prompt_ids) if check_inputs else None
+        when = _check_time(check_inputs, self.device)
+        if when == "later":
+            self._raise_arrived_faults()
+        rows_before = self.state.rows_of(prompt_ids) if when == "now" else None
         stats = self._backend.step(rewards, valid, prompt_ids, self.state, self._params)
         selection = self._backend.topk(
             stats.energy, self.config.num_keep(rewards.shape[0]), self.config.noise_scale,
@@ -99,6 +108,8 @@ class LZESelector:
         )
         if rows_before is not None:
             self._undo_and_raise_if_faulted(rows_before)
+        elif when == "later":
+            self._deferred_faults.copy_after_step(self.state.fault)
         if sorted:
             selection = reference.sort_by_score(selection, stats.energy, self.config.noise_scale,
                                                 self.config.seed, self.state.step_counter[0])
@@ -110,11 +121,24 @@ class LZESelector:
         bits = int(self.state.fault[0])
         if bits:
             self.state.restore(rows_before)
-            self.state.fault.zero_()
-            validation.raise_for_faults(bits, self.num_prompts, checked=True)
+            self._clear_faults()
+            validation.raise_for_faults(bits, self.num_prompts, found="now")
+
+    def _raise_arrived_faults(self) -> None:
+        """The default check on a GPU: raise what an earlier step's fault word said, if its copy
+        has arrived (no sync)."""
+        bits = self._deferred_faults.arrived_bits()
+        if bits:
+            self._clear_faults()
+            validation.raise_for_faults(bits, self.num_prompts, found="later")
+
+    def _clear_faults(self) -> None:
+        self.state.fault.zero_()
+        self._deferred_faults.clear()
 
     def raise_if_faulted(self) -> None:
         """Raise (and clear) the faults that unchecked steps recorded on the device. Syncs."""
+        self._deferred_faults.clear()
         validation.raise_if_faulted(self.state)
 
     # ------------------------------------------------------------------------- forward pruner
@@ -187,7 +211,18 @@ class LZESelector:
         self.state.istate[:n].copy_(state_dict["istate"])
         self.state.step_counter.copy_(state_dict["step_counter"])
         self.state.fault.copy_(state_dict["fault"])
+        self._deferred_faults.clear()
         self.epoch = state_dict["epoch"]
+
+
+def _check_time(check_inputs: Optional[bool], device: torch.device) -> str:
+    """When a step's value faults raise: "now" (a host sync), "later" (a later step, no sync:
+    the default on a GPU) or "off"."""
+    if check_inputs is None:
+        return "now" if device.type == "cpu" else "later"
+    if not isinstance(check_inputs, bool):
+        raise ValueError(f"check_inputs: expected True, False or None, got {check_inputs!r}")
+    return "now" if check_inputs else "off"
 
 
 def _check_state_dict(sd: dict, num_prompts: int, config: LZEConfig) -> None:

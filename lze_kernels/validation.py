@@ -151,17 +151,24 @@ def check_prompt_id_values(prompt_ids: torch.Tensor, num_prompts: int, distinct:
         _fail("prompt_ids", "distinct ids within one step", "duplicates")
 
 
-def raise_for_faults(fault_bits: int, num_prompts: int, checked: bool = False) -> None:
-    """Raise the error of the fault bits the kernels recorded (no-op for 0). ``checked``: the
-    faults of a checked step, which was undone."""
+# How a step's faults reached the error (raise_for_faults's ``found``).
+FOUND_BY = {
+    "now": "found by this step or an earlier unchecked one; this step was undone, the state is "
+           "as before",
+    "later": "found by an earlier step on the device, whose bad rows were skipped (its other "
+             "rows were applied); this step did not run",
+    "unchecked": "rows skipped by a step run without value checks: check_inputs=False, or "
+                 "ops.lze_update",
+}
+
+
+def raise_for_faults(fault_bits: int, num_prompts: int, found: str = "unchecked") -> None:
+    """Raise the error of the fault bits the kernels recorded (no-op for 0), saying how they
+    were found (:data:`FOUND_BY`)."""
     if fault_bits:
         problems = "; ".join(msg.format(num_prompts=num_prompts)
                              for bit, msg in L.FAULT_MESSAGES.items() if fault_bits & bit)
-        context = ("found by this checked step or an earlier unchecked one; this step was "
-                   "undone, the state is as before" if checked else
-                   "rows skipped by a step run without value checks: check_inputs=False, or "
-                   "ops.lze_update")
-        raise ValueError(f"{problems} ({context})")
+        raise ValueError(f"{problems} ({FOUND_BY[found]})")
 
 
 def raise_if_faulted(state: L.SelectorState) -> None:

@@ -2,8 +2,8 @@
 `bash tools/gpu_check.sh` (stage "kernels", from the installed package, compiled Triton).
 
 On a CUDA machine this checks what the CPU cannot: the cuda and triton backends against the
-reference on the device up to B = 1,048,576, that the unchecked `step` never synchronises (sync
-debug mode "error") and the checked one once, that it can be captured and replayed in a CUDA
+reference on the device up to B = 1,048,576, that the unchecked and the default `step` never
+synchronise (sync debug mode "error") and the checked one once, that it can be captured and replayed in a CUDA
 graph, and its launches: two up to 8,192 groups in CUDA, 65,536 in Triton (the step, a one-block
 or one-program selection), seven above (the step, six selection launches); the DOTS
 prediction against its reference, and GRESO's filter and the forward pruner on the device against
@@ -78,21 +78,40 @@ def test_step_never_synchronises(name, batch):
 def test_checked_step_synchronises_once_and_undoes_bad_input(name):
     sel = LZESelector(4096, device="cuda", backend=backend_or_skip(name))
     rewards, ids, valid = make_inputs(1024, 16, 4096, 0)
-    sel.step(rewards, ids, valid)  # warm-up
+    sel.step(rewards, ids, valid, check_inputs=True)  # warm-up
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("warn")
     try:
         with pytest.warns(UserWarning, match="synchroniz") as caught:
-            sel.step(rewards, ids, valid)
+            sel.step(rewards, ids, valid, check_inputs=True)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert len([w for w in caught if "synchroniz" in str(w.message)]) == 1
     before = {key: t.clone() for key, t in sel.state_dict().items() if torch.is_tensor(t)}
     with pytest.raises(ValueError, match="expected every id in"):
-        sel.step(rewards, torch.where(ids == ids[0], 10**6, ids), valid)
+        sel.step(rewards, torch.where(ids == ids[0], 10**6, ids), valid, check_inputs=True)
     after = sel.state_dict()
     for key, tensor in before.items():
         assert torch.equal(after[key], tensor), key
+
+
+@pytest.mark.parametrize("name", GPU_BACKENDS)
+def test_default_step_never_synchronises_and_raises_a_later_step(name):
+    """The default call on a GPU: no sync; a bad id is skipped on the device and the fault
+    word's asynchronous copy makes a later step raise, before it runs."""
+    sel = LZESelector(4096, device="cuda", backend=backend_or_skip(name))
+    rewards, ids, valid = make_inputs(1024, 16, 4096, 0)
+    sel.step(rewards, ids, valid)  # warm-up: compile, allocate the pinned copy
+    bad_ids = torch.where(ids == ids[0], 10**6, ids)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        sel.step(rewards, bad_ids, valid)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()  # the copy has arrived by the next step
+    with pytest.raises(ValueError, match="found by an earlier step"):
+        sel.step(rewards, ids, valid)
+    sel.step(rewards, ids, valid)
 
 
 @pytest.mark.parametrize("name", GPU_BACKENDS + ["torch"])

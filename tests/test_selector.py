@@ -9,6 +9,8 @@ import torch
 from conftest import advantage_error_bound, assert_within, binary_rewards, ragged_valid
 from lze_kernels import LZEConfig, LZESelector, available_backends, dispatch, native, ops
 from lze_kernels import layout as L
+from lze_kernels import selector as selector_module
+from lze_kernels.faults import DeferredFaults
 
 CPU_BACKENDS = [b for b in ("torch", "cpu", "cuda_emulated", "triton")
                 if b in available_backends("cpu")]
@@ -257,3 +259,42 @@ def test_device_is_named_as_tensors_name_it():
     sel = LZESelector(8, device=torch.device("cpu:0"), backend="torch")
     assert sel.device == torch.zeros(1, device="cpu:0").device
     sel.step(torch.ones(1, 4), torch.tensor([3]))
+
+
+def test_default_check_on_a_gpu_raises_at_a_later_step(monkeypatch):
+    """The default on a GPU, run here with the CPU's immediate copy: a step with a bad id runs
+    without a sync, skips the bad row and applies the others; the next step raises before it
+    runs, naming the argument, and the one after proceeds."""
+    monkeypatch.setattr(selector_module, "_check_time",
+                        lambda check_inputs, device: "later" if check_inputs is None else "now")
+    sel = LZESelector(200, backend="cpu")
+    rewards, ids, valid = make_batch(seed=4)
+    ids[0] = 999
+    sel.step(rewards, ids, valid)  # no error yet
+    reference_sel = LZESelector(200, backend="cpu")
+    reference_sel.step(rewards[1:], ids[1:], valid[1:], check_inputs=False)
+    after_faulty = sel.state_dict()
+    assert torch.equal(after_faulty["fstate"], reference_sel.state_dict()["fstate"])
+    with pytest.raises(ValueError, match=r"expected every id in \[0, 200\) \(found by an "
+                                         r"earlier step"):
+        sel.step(*make_batch(seed=5))
+    for key in ("fstate", "istate", "step_counter"):  # the raising step did not run
+        assert torch.equal(sel.state_dict()[key], after_faulty[key]), key
+    sel.step(*make_batch(seed=5))
+    sel.raise_if_faulted()
+
+
+def test_deferred_fault_copy_is_read_once_it_arrived():
+    faults = DeferredFaults(torch.device("cpu"))
+    assert faults.arrived_bits() == 0
+    faults.copy_after_step(torch.tensor([5], dtype=torch.int32))
+    assert faults.arrived_bits() == 5
+    faults.clear()
+    assert faults.arrived_bits() == 0
+
+
+@pytest.mark.parametrize("value", [1, "yes", 0.0])
+def test_check_inputs_is_true_false_or_none(value):
+    sel = LZESelector(200, backend="torch")
+    with pytest.raises(ValueError, match="check_inputs: expected True, False or None"):
+        sel.step(*make_batch(), check_inputs=value)
