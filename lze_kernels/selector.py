@@ -88,7 +88,7 @@ class LZESelector:
         * ``True``: right after the step, which it undoes (one host sync);
         * ``None`` (default): ``True`` on a CPU; on a GPU, without a sync, at the start of a
           later step, once the fault word's asynchronous copy has arrived (that step does not
-          run), or at :meth:`raise_if_faulted`;
+          run), or at :meth:`raise_if_faulted` (inside a CUDA graph capture: as ``False``);
         * ``False``: only at :meth:`raise_if_faulted` or a later checked step.
 
         ``kept_indices`` lists the kept groups in ascending batch position; ``sorted=True``
@@ -219,7 +219,10 @@ def _check_time(check_inputs: Optional[bool], device: torch.device) -> str:
     """When a step's value faults raise: "now" (a host sync), "later" (a later step, no sync:
     the default on a GPU) or "off"."""
     if check_inputs is None:
-        return "now" if device.type == "cpu" else "later"
+        if device.type == "cpu":
+            return "now"
+        # Inside a CUDA graph capture the copy and its event would be captured too: off there.
+        return "off" if torch.cuda.is_current_stream_capturing() else "later"
     if not isinstance(check_inputs, bool):
         raise ValueError(f"check_inputs: expected True, False or None, got {check_inputs!r}")
     return "now" if check_inputs else "off"
