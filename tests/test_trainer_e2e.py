@@ -65,6 +65,8 @@ def test_training_run_logs_trains_and_saves(vllm_run):
         assert 0 <= m["sa/kept_ratio"] <= 0.4 + 1e-9  # never more than k = floor(0.4 B) groups
         # The update's parts lie inside it (the rest: packing, normalisers).
         parts = [m[f"timing_s/update_{p}"] for p in ("forward", "backward", "optimizer")]
+        # The tiny preset's 8 rows a micro-batch under a cap that half the free RAM sets.
+        assert m["actor/micro_batch_tokens"] >= 1024 and m["actor/micro_batches"] >= 1
         assert sum(parts) <= m["timing_s/update"] and (all(parts) or not m["sa/kept_groups"])
         # After every sync the engine samples from the actor's policy (tied lm_head included).
         if m["actor/update_tokens"]:

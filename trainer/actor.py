@@ -50,6 +50,8 @@ class UpdateStats:
     engine_logprob_abs_diff_max: torch.Tensor  # |actor - engine| log-prob, before any update
     grad_norms: list[float] = field(default_factory=list)
     skipped_updates: int = 0
+    micro_batches: int = 0  # this update's micro-batches (the same count on every rank)
+    micro_batch_tokens: int = 0  # the cap they were packed under (Actor.micro_batch_tokens)
     entropy_measured: bool = False  # whether sums["entropy"] was measured (actor.entropy_every)
 
     @classmethod

@@ -251,10 +251,12 @@ class GRPOTrainer:
                                         rows_per_shard, self.world, self.tp)
         with timer("update"):
             a = self.cfg.actor
+            cap = self.actor.micro_batch_tokens()
             batches, norms = update_batches(mine, a.mini_batches, a.micro_batch_size,
                                             self.cfg.rollout.max_new_tokens, self.actor.pad_id,
-                                            max_tokens=self.actor.micro_batch_tokens())
+                                            max_tokens=cap)
             stats = self.actor.update(batches, norms, timer)
+            stats.micro_batches, stats.micro_batch_tokens = sum(map(len, batches)), cap
         # The FLOPs proxy's update tokens: every trained sequence whole, prompt included
         # (lze_trainer.compute; the pass itself runs each prompt once for its responses).
         local_tokens = float(stats.sums[UPDATE_SUMS.index("sequence_tokens")])
@@ -303,6 +305,8 @@ class GRPOTrainer:
             "actor/lr": self.actor.lr,
             "actor/skipped_updates": float(update.skipped_updates),
             "actor/update_tokens": sums["tokens"],
+            "actor/micro_batches": float(update.micro_batches),
+            "actor/micro_batch_tokens": float(update.micro_batch_tokens),
             "rollout/engine_logprob_diff_max": diff,
             **lengths,
         }
