@@ -219,6 +219,65 @@ def _write_count_and_padding(kept_indices_ptr, num_kept_ptr, kept, k, first, str
         tl.store(num_kept_ptr, kept.to(tl.int64))
 
 
+# ----------------------------------------------------------------------------- row ranges
+# The passes over rows [first, last) in tiles of TILE: one program's share in the multi-launch
+# plan, the whole batch in the tiled one.
+
+
+@triton.jit
+def _range_extent(energy_ptr, first, last, TILE: tl.constexpr):
+    """(max, min) candidate energy of rows [first, last)."""
+    high = float("-inf")
+    low = float("inf")
+    for start in range(first, last, TILE):
+        tile_high, tile_low = _candidate_extent(energy_ptr, start + tl.arange(0, TILE), last)
+        high = tl.maximum(high, tile_high)
+        low = tl.minimum(low, tile_low)
+    return high, low
+
+
+@triton.jit
+def _load_range_scores(scores_ptr, rows, last):
+    return tl.load(scores_ptr + rows, mask=rows < last, other=0).to(tl.uint32, bitcast=True)
+
+
+@triton.jit
+def _score_range(energy_ptr, scores_ptr, first, last, gumbel_scale, seed64,
+                 HAS_NOISE: tl.constexpr, TILE: tl.constexpr):
+    """Scores of rows [first, last) into ``scores_ptr``; returns the first digit's histogram."""
+    histogram = tl.zeros((_BINS,), tl.int32)
+    for start in range(first, last, TILE):
+        rows = start + tl.arange(0, TILE)
+        s = _scores(energy_ptr, rows, last, gumbel_scale, seed64, HAS_NOISE)
+        tl.store(scores_ptr + rows, s.to(tl.int32, bitcast=True), mask=rows < last)
+        histogram += _digit_histogram(s, rows < last, 0, 0, DIGIT_BITS)
+    return histogram
+
+
+@triton.jit
+def _tied_range_histogram(scores_ptr, first, last, threshold, PASS: tl.constexpr,
+                          TILE: tl.constexpr):
+    """Histogram of digit PASS of the rows of [first, last) tied with the cutoff."""
+    histogram = tl.zeros((_BINS,), tl.int32)
+    for start in range(first, last, TILE):
+        rows = start + tl.arange(0, TILE)
+        histogram += _digit_histogram(_load_range_scores(scores_ptr, rows, last), rows < last,
+                                      threshold, PASS, DIGIT_BITS)
+    return histogram
+
+
+@triton.jit
+def _write_range(scores_ptr, first, last, k, threshold, rank, kept_before, tied_before,
+                 keep_mask_ptr, kept_indices_ptr, TILE: tl.constexpr):
+    """:func:`_write_tile` over rows [first, last)."""
+    for start in range(first, last, TILE):
+        rows = start + tl.arange(0, TILE)
+        kept_before, tied_before = _write_tile(_load_range_scores(scores_ptr, rows, last), rows,
+                                               last, k, threshold, rank, kept_before,
+                                               tied_before, keep_mask_ptr, kept_indices_ptr)
+    return kept_before, tied_before
+
+
 # ----------------------------------------------------------------------------- one program
 
 
@@ -251,36 +310,17 @@ def _tiled_topk_kernel(
     gumbel_scale = 0.0
     seed64 = 0
     if HAS_NOISE:
-        high = float("-inf")
-        low = float("inf")
-        for start in range(0, num_rows, TILE):
-            tile_high, tile_low = _candidate_extent(energy_ptr, start + tl.arange(0, TILE),
-                                                    num_rows)
-            high = tl.maximum(high, tile_high)
-            low = tl.minimum(low, tile_low)
+        high, low = _range_extent(energy_ptr, 0, num_rows, TILE)
         gumbel_scale, seed64 = _noise(high, low, noise_scale, step_counter_ptr, seed)
-    histogram = tl.zeros((_BINS,), tl.int32)
-    for start in range(0, num_rows, TILE):
-        rows = start + tl.arange(0, TILE)
-        s = _scores(energy_ptr, rows, num_rows, gumbel_scale, seed64, HAS_NOISE)
-        tl.store(ws_ptr + rows, s.to(tl.int32, bitcast=True), mask=rows < num_rows)
-        histogram += _digit_histogram(s, rows < num_rows, 0, 0, DIGIT_BITS)
+    histogram = _score_range(energy_ptr, ws_ptr, 0, num_rows, gumbel_scale, seed64, HAS_NOISE,
+                             TILE)
     threshold, rank, kept = _first_cutoff(histogram, k, DIGIT_BITS)
     for pass_ in tl.static_range(1, 3):
-        histogram = tl.zeros((_BINS,), tl.int32)
-        for start in range(0, num_rows, TILE):
-            rows = start + tl.arange(0, TILE)
-            s = tl.load(ws_ptr + rows, mask=rows < num_rows, other=0).to(tl.uint32, bitcast=True)
-            histogram += _digit_histogram(s, rows < num_rows, threshold, pass_, DIGIT_BITS)
+        histogram = _tied_range_histogram(ws_ptr, 0, num_rows, threshold, pass_, TILE)
         threshold, rank = _narrowed_cutoff(histogram, threshold, rank, pass_, DIGIT_BITS)
-    kept_before = 0
-    tied_before = 0
-    for start in range(0, num_rows, TILE):
-        rows = start + tl.arange(0, TILE)
-        s = tl.load(ws_ptr + rows, mask=rows < num_rows, other=0).to(tl.uint32, bitcast=True)
-        kept_before, tied_before = _write_tile(s, rows, num_rows, k, threshold, rank,
-                                               kept_before, tied_before, keep_mask_ptr,
-                                               kept_indices_ptr)
+    none = tl.full((), 0, tl.int32)  # a tensor: the helper's loop carries it
+    _write_range(ws_ptr, 0, num_rows, k, threshold, rank, none, none, keep_mask_ptr,
+                 kept_indices_ptr, TILE)
     _write_count_and_padding(kept_indices_ptr, num_kept_ptr, kept, k, 0, TILE, TILE)
 
 
@@ -322,12 +362,7 @@ def _prepare_kernel(energy_ptr, ws_ptr, num_rows, rows_per_program,
             tl.store(ws_ptr + words, tl.zeros((TILE,), tl.int32), mask=words < _HEADER)
     if HAS_NOISE:
         first, last = _program_rows(num_rows, rows_per_program)
-        high = float("-inf")
-        low = float("inf")
-        for start in range(first, last, TILE):
-            tile_high, tile_low = _candidate_extent(energy_ptr, start + tl.arange(0, TILE), last)
-            high = tl.maximum(high, tile_high)
-            low = tl.minimum(low, tile_low)
+        high, low = _range_extent(energy_ptr, first, last, TILE)
         extents = ws_ptr + _HEADER + 2 * tl.program_id(0)
         tl.store(extents, high.to(tl.int32, bitcast=True))
         tl.store(extents + 1, low.to(tl.int32, bitcast=True))
@@ -351,12 +386,8 @@ def _score_kernel(
                                       noise_scale, step_counter_ptr, seed)
     scores_ptr = ws_ptr + _HEADER + 6 * MAX_PROGRAMS
     first, last = _program_rows(num_rows, rows_per_program)
-    histogram = tl.zeros((_BINS,), tl.int32)
-    for start in range(first, last, TILE):
-        rows = start + tl.arange(0, TILE)
-        s = _scores(energy_ptr, rows, last, gumbel_scale, seed64, HAS_NOISE)
-        tl.store(scores_ptr + rows, s.to(tl.int32, bitcast=True), mask=rows < last)
-        histogram += _digit_histogram(s, rows < last, 0, 0, DIGIT_BITS)
+    histogram = _score_range(energy_ptr, scores_ptr, first, last, gumbel_scale, seed64,
+                             HAS_NOISE, TILE)
     bins = tl.arange(0, _BINS)
     tl.atomic_add(ws_ptr + bins, histogram, mask=histogram > 0)
     if _is_last_program(ws_ptr + _TICKETS):
@@ -372,11 +403,7 @@ def _refine_kernel(ws_ptr, num_rows, rows_per_program, TILE: tl.constexpr, PASS:
     if rank > 0:  # the same in every program: with nothing to keep, nothing to refine
         scores_ptr = ws_ptr + _HEADER + 6 * MAX_PROGRAMS
         first, last = _program_rows(num_rows, rows_per_program)
-        histogram = tl.zeros((_BINS,), tl.int32)
-        for start in range(first, last, TILE):
-            rows = start + tl.arange(0, TILE)
-            s = tl.load(scores_ptr + rows, mask=rows < last, other=0).to(tl.uint32, bitcast=True)
-            histogram += _digit_histogram(s, rows < last, threshold, PASS, DIGIT_BITS)
+        histogram = _tied_range_histogram(scores_ptr, first, last, threshold, PASS, TILE)
         hist_ptr = ws_ptr + PASS * _BINS + tl.arange(0, _BINS)
         tl.atomic_add(hist_ptr, histogram, mask=histogram > 0)
         if _is_last_program(ws_ptr + _TICKETS + PASS):
@@ -395,8 +422,7 @@ def _count_kernel(ws_ptr, num_rows, rows_per_program, TILE: tl.constexpr,
     above = 0
     tied = 0
     for start in range(first, last, TILE):
-        rows = start + tl.arange(0, TILE)
-        s = tl.load(scores_ptr + rows, mask=rows < last, other=0).to(tl.uint32, bitcast=True)
+        s = _load_range_scores(scores_ptr, start + tl.arange(0, TILE), last)
         above += tl.sum((s > threshold).to(tl.int32), axis=0)
         tied += tl.sum(((s != 0) & (s == threshold)).to(tl.int32), axis=0)
     tl.store(counts_ptr + 2 * tl.program_id(0), above)
@@ -430,11 +456,8 @@ def _write_kernel(keep_mask_ptr, kept_indices_ptr, num_kept_ptr, ws_ptr, num_row
     tied_before = tl.load(slots + 1)
     scores_ptr = ws_ptr + _HEADER + 6 * MAX_PROGRAMS
     first, last = _program_rows(num_rows, rows_per_program)
-    for start in range(first, last, TILE):
-        rows = start + tl.arange(0, TILE)
-        s = tl.load(scores_ptr + rows, mask=rows < last, other=0).to(tl.uint32, bitcast=True)
-        kept_before, tied_before = _write_tile(s, rows, last, k, threshold, rank, kept_before,
-                                               tied_before, keep_mask_ptr, kept_indices_ptr)
+    _write_range(scores_ptr, first, last, k, threshold, rank, kept_before, tied_before,
+                 keep_mask_ptr, kept_indices_ptr, TILE)
     _write_count_and_padding(kept_indices_ptr, num_kept_ptr, kept, k, tl.program_id(0) * TILE,
                              tl.num_programs(0) * TILE, TILE)
 
