@@ -3,7 +3,7 @@ csrc/cpu/topk_cpu.cpp) against the reference at every size, and its work counted
 
 * Selections equal ``reference.topk_select`` bit for bit on every backend that runs here, from
   one row to B = 1,048,576, through both launch plans of the GPU kernels (one block / one
-  program up to 8,192 rows, the multi-launch radix select above), with exact ties that straddle
+  program up to 65,536 rows, the multi-launch radix select above), with exact ties that straddle
   the blocks' tiles, noise, and quotas from 1 to B.
 * The work is linear in B, counted, not timed: the CUDA kernels under the emulator count their
   reads of per-row input (LZE_COUNT_ROW_READS) and the Triton interpreter its loaded elements;
@@ -54,8 +54,8 @@ def test_a_million_rows_select_what_the_reference_selects(backend_name, noise_sc
     assert_same_selection(backend_name, energy, int(0.4 * (1 << 20)), noise_scale)
 
 
-# Batches around the plans' limits (CUDA: one block to 8,192; Triton: one program in registers
-# to 4,096, looping over tiles to 65,536) and over several tiles of the multi-launch plan
+# Batches around the plans' limits (CUDA: one block, scores in shared memory to 8,192, in the
+# workspace to 65,536; Triton: one program in registers to 4,096, looping over tiles to 65,536) and over several tiles of the multi-launch plan
 # (1,024 rows per CUDA block, 65,536 per interpreted Triton program), each with a ragged last
 # tile; four distinct energies make the k-th best tied with rows in many tiles.
 @pytest.mark.parametrize("backend_name", BACKENDS)
@@ -109,12 +109,14 @@ def cuda_row_reads(batch: int, noise_scale: float) -> int:
 @pytest.mark.parametrize("backend_name", [backend_param("cuda_emulated")])
 @pytest.mark.parametrize("noise_scale", [0.0, 0.05])
 def test_cuda_topk_reads_each_row_a_fixed_number_of_times(backend_name, noise_scale):
-    # Above one block: energy (twice with noise: its extent first), then the scores in two
-    # refine passes, the count and the write. One block: the same from shared memory.
+    # Six launches (above 65,536 rows): energy (twice with noise: its extent first), then the
+    # scores in two refine passes, the count and the write. One block (scores in shared memory
+    # to 8,192 rows, in the workspace above): the same without the count pass.
     passes = 6 if noise_scale else 5
-    for batch in (16384, 65536, 262144):
+    for batch in (65537, 131072, 262144):
         assert cuda_row_reads(batch, noise_scale) == passes * batch
-    assert cuda_row_reads(8192, noise_scale) == (passes - 1) * 8192
+    for batch in (8192, 8193, 16384, 65536):
+        assert cuda_row_reads(batch, noise_scale) == (passes - 1) * batch
 
 
 @contextlib.contextmanager

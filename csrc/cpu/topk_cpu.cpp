@@ -102,8 +102,11 @@ int64_t gather_candidates(const uint64_t* keys, int64_t B, uint64_t* out) {
 int64_t select_smallest(uint64_t* keys, int64_t n, int64_t kept) {
   constexpr int kSelectBits = 16, kShift = 64 - kSelectBits;
   // Kept across calls (256 KiB, refilled with zeros each time).
-  thread_local std::vector<int32_t> counts;
-  counts.assign(size_t{1} << kSelectBits, 0);
+  thread_local std::vector<int32_t> histogram;
+  histogram.assign(size_t{1} << kSelectBits, 0);
+  // Through a local pointer: a thread_local's address is a call in a shared library
+  // (__tls_get_addr), which the compiler may not hoist out of a loop that stores through it.
+  int32_t* counts = histogram.data();
   for (int64_t j = 0; j < n; ++j) ++counts[keys[j] >> kShift];
   uint64_t limit = 0;  // the kept-th smallest key's bucket
   int64_t below = 0;   // keys in the buckets before `limit`
@@ -115,6 +118,21 @@ int64_t select_smallest(uint64_t* keys, int64_t n, int64_t kept) {
     m += (key >> kShift) <= limit;
   }
   return m;
+}
+
+// keep_mask of every row and the kept rows, in row order, into kept_indices: the rows whose key
+// is at least `cutoff`. The rows are written to `scratch` (B slots) without a branch, since
+// whether a row is kept is a coin flip for the branch predictor, then copied.
+void write_kept(const uint64_t* keys, int64_t B, uint64_t cutoff, uint8_t* keep_mask,
+                int64_t* kept_indices, int64_t* scratch) {
+  int64_t slot = 0;
+  for (int64_t row = 0; row < B; ++row) {
+    const int64_t keep = keys[row] >= cutoff;
+    keep_mask[row] = static_cast<uint8_t>(keep);
+    scratch[slot] = row;
+    slot += keep;
+  }
+  std::copy_n(scratch, slot, kept_indices);
 }
 
 // The whole selection on up to `threads` threads.
@@ -145,13 +163,8 @@ void select_top_k(const float* energy, int64_t B, int64_t k, float noise_scale, 
   std::nth_element(spare.data(), spare.data() + kept - 1, spare.data() + m);
   // The kept-th largest key: exactly `kept` keys are at or above it (keys are distinct, and a
   // non-candidate's key 0 is below every candidate's).
-  const uint64_t cutoff = ~spare[kept - 1];
-  int64_t slot = 0;
-  for (int64_t row = 0; row < B; ++row) {
-    const bool keep = keys[row] >= cutoff;
-    keep_mask[row] = keep ? 1 : 0;
-    if (keep) kept_indices[slot++] = row;
-  }
+  write_kept(keys.data(), B, ~spare[kept - 1], keep_mask, kept_indices,
+             reinterpret_cast<int64_t*>(spare.data()));
 }
 
 }  // namespace

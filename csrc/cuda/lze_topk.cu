@@ -12,9 +12,13 @@
 // kept row its slot, so kept_indices comes out in row order with no sort.
 //
 // Two launch plans, both with no host sync and capturable in a CUDA graph:
-//  * B <= kSmallMaxRows: one launch of one block of kSmallThreads threads; the scores live in
-//    dynamic shared memory (4 B per row: 32 KiB at 8,192 rows, under the 48 KiB default), the
-//    histogram in 8 KiB of static shared memory.
+//  * B <= kOneBlockMaxRows (65,536): one launch of one block of kSmallThreads threads. The
+//    scores live in dynamic shared memory up to kSmallMaxRows (4 B per row: 32 KiB at 8,192
+//    rows, under the 48 KiB default), above that in a workspace of 4 B per row (256 KiB at most:
+//    the block's own writes, read back from L2); the histogram in 8 KiB of static shared memory.
+//    Each pass is 16 strips of 4,096 rows at most: one block's passes over 65,536 rows are
+//    fewer microseconds than the five launches they save (each a few microseconds of device
+//    gap and some 10 us of host time on an H200's host, docs/gpu-results.md).
 //  * larger B: six launches over ceil(B / tile) blocks of kThreads threads, tile = 1,024 rows
 //    (more for B > 1M, so that there are at most kMaxBlocks blocks): prepare (zero the
 //    workspace header; per-block energy extents for the noise scale), score (scores to the
@@ -49,7 +53,8 @@ constexpr int kRowsPerThread = 4;      // consecutive rows per thread in each st
 constexpr int64_t kStripRows = static_cast<int64_t>(kRowsPerThread) * kThreads;
 constexpr int64_t kMinTileRows = kStripRows;  // rows per block of the multi-launch plan, at least
 constexpr int64_t kMaxBlocks = 1024;    // blocks of the multi-launch plan, at most
-constexpr int64_t kSmallMaxRows = 8192;
+constexpr int64_t kSmallMaxRows = 8192;       // one block, scores in shared memory
+constexpr int64_t kOneBlockMaxRows = 65536;   // one block, scores in the workspace
 constexpr int kPasses = 3;
 constexpr int kBins = 2048;  // 2^11, the widest digit
 constexpr uint32_t kNoThreshold = 0xffffffffu;  // above every candidate's s: nothing kept
@@ -431,8 +436,12 @@ __device__ void write_count_and_padding(const TopkArgs& a, uint32_t kept) {
 
 // ----------------------------------------------------------------------------- one block
 
-__global__ void __launch_bounds__(kSmallThreads) small_topk_kernel(const TopkArgs a) {
-  LZE_DYNAMIC_SHARED(uint32_t, scores);
+// `workspace_scores`: B words of global memory for the scores, or null to keep them in dynamic
+// shared memory. (A block's global writes are visible to its own threads after a barrier.)
+__global__ void __launch_bounds__(kSmallThreads) small_topk_kernel(const TopkArgs a,
+                                                                   uint32_t* workspace_scores) {
+  LZE_DYNAMIC_SHARED(uint32_t, shared_scores);
+  uint32_t* scores = workspace_scores != nullptr ? workspace_scores : shared_scores;
   __shared__ uint32_t histogram[kBins];
   const float scale = a.noise_scale > 0.0f ? noise_scale_of(a, rows_extent(a, 0, a.B)) : 0.0f;
   zero(histogram, kBins);
@@ -599,6 +608,7 @@ __global__ void __launch_bounds__(kThreads) write_kernel(const TopkArgs a, Works
 extern "C" int64_t lze_topk_cuda_workspace_bytes(int64_t B) {
   using namespace lze::cuda_topk;
   if (B <= kSmallMaxRows) return 0;
+  if (B <= kOneBlockMaxRows) return align16(B * static_cast<int64_t>(sizeof(uint32_t)));
   return workspace_layout(B, plan_for(B).blocks).total;
 }
 
@@ -613,11 +623,14 @@ extern "C" int lze_topk_cuda(const float* energy, int64_t B, int64_t k, float no
   const TopkArgs a{energy, B, k, noise_scale, seed, step_counter, keep_mask, kept_indices,
                    num_kept};
   const auto stream = static_cast<cudaStream_t>(stream_ptr);
-  if (B <= kSmallMaxRows) {
-    LZE_LAUNCH(small_topk_kernel, dim3(1), dim3(kSmallThreads), B * sizeof(uint32_t), stream)(a);
+  if (B > kSmallMaxRows && workspace == nullptr) return cudaErrorInvalidValue;
+  if (B <= kOneBlockMaxRows) {
+    const bool in_shared = B <= kSmallMaxRows;
+    LZE_LAUNCH(small_topk_kernel, dim3(1), dim3(kSmallThreads),
+               in_shared ? B * sizeof(uint32_t) : 0, stream)(
+        a, in_shared ? nullptr : static_cast<uint32_t*>(workspace));
     return static_cast<int>(cudaGetLastError());
   }
-  if (workspace == nullptr) return cudaErrorInvalidValue;
   const Plan p = plan_for(B);
   const Workspace w = carve(workspace, B, p.blocks);
   const dim3 grid(static_cast<unsigned>(p.blocks)), block(kThreads);
