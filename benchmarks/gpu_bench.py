@@ -7,10 +7,10 @@ stateful ones keep N = 4 B prompts):
 * ``fused_cuda``, ``fused_triton`` (``fused_cpu`` on a CPU): ``LZESelector.step(...,
   check_inputs=False)``, the unchecked call; ``fused_cuda_checked`` (``fused_cpu_checked``): the
   default call (on a GPU its faults raise at a later step, with no sync; on a CPU right away);
-* ``torch_plain``: gpu_baselines.PlainTorchSelector, the same step in plain vectorised PyTorch as
+* ``torch_plain``: torch_baselines.PlainTorchSelector, the same step in plain vectorised PyTorch as
   a user writes it (about twenty ops, ``torch.topk``), and ``torch_plain_compile``: the same
   under ``torch.compile(dynamic=True, fullgraph=True)``, one compile for every B;
-* ``verl_vectorised``: gpu_baselines.VectorisedSelector, verl's scatter-add grouping (host syncs);
+* ``verl_vectorised``: torch_baselines.VectorisedSelector, verl's scatter-add grouping (host syncs);
 * ``torch_topk``, ``torch_sort``: the library's top-k (k = 0.4 B) and stable descending sort of
   B float keys alone, what the selection's last step costs in a library call.
 
@@ -38,7 +38,7 @@ from typing import Callable
 
 import torch
 from bench_common import RoundInputs
-from gpu_baselines import PlainTorchSelector, VectorisedSelector
+from torch_baselines import PlainTorchSelector, VectorisedSelector
 
 from lze_kernels import LZESelector, available_backends, num_keep
 

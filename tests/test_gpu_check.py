@@ -28,7 +28,7 @@ import gpu_bench  # noqa: E402
 import gpu_check  # noqa: E402
 import gpu_report  # noqa: E402
 from bench_common import RoundInputs  # noqa: E402
-from gpu_baselines import PlainTorchSelector, VectorisedSelector  # noqa: E402
+from torch_baselines import PlainTorchSelector, VectorisedSelector  # noqa: E402
 
 from lze_kernels import LZEConfig, LZESelector  # noqa: E402
 from lze_kernels import layout as L  # noqa: E402

@@ -14,9 +14,10 @@
 // they come from L1.
 //
 // Per row: count / mean / unbiased std over the valid rewards; row faults (id outside [0, N),
-// non-finite or out-of-range valid reward) skip the row. A fault-free row with n > 0 gathers its
-// prompt's state as one float4 and one int4 and claims the prompt with atomicMax(claim, stamp),
-// stamp = step_counter[0] + 1, the three in flight together: a row that finds the stamp already
+// non-finite or out-of-range valid reward) skip the row. The segment's first lane loads the row's
+// prompt id together with the rewards, and gathers the prompt's state (one float4, one int4)
+// while the rewards are reduced; a fault-free row with n > 0 then claims the prompt with
+// atomicMax(claim, stamp), stamp = step_counter[0] + 1: a row that finds the stamp already
 // there carries a duplicate id within this step and is skipped (which of the duplicate rows wins
 // is unspecified; the reference keeps the first). The winner computes energy and the new state
 // and scatters it back. (The winner's int4 store touches the claim word a losing duplicate may
@@ -101,14 +102,16 @@ __device__ __forceinline__ bool is_valid(const StepArgs& a, int64_t index) {
   return a.valid == nullptr || a.valid[index] != 0;
 }
 
+// The reward and its validity are both loaded, then combined without a branch, so that their
+// loads are in flight together (behind the branch, the reward's waited for the mask's).
 __device__ Partial sum_valid_rewards(const StepArgs& a, int64_t first, Segment s) {
   Partial p{0, 0.0f, 0};
   for (int64_t j = s.lane; j < a.G; j += s.width) {
-    if (!is_valid(a, first + j)) continue;
     const float r = load_reward(a.rewards, first + j, a.rewards_dtype);
-    p.count += 1;
-    p.sum += r;
-    p.fault |= reward_fault(r);
+    const bool valid = is_valid(a, first + j);
+    p.count += valid ? 1 : 0;
+    p.sum += valid ? r : 0.0f;
+    p.fault |= valid ? reward_fault(r) : 0;
   }
   return p;
 }
@@ -135,10 +138,30 @@ __device__ void write_advantages(const StepArgs& a, int64_t first, Segment s, bo
   }
 }
 
+// A row's prompt: its id and, when the id is in [0, N), its state as the step found it.
+struct PromptRow {
+  int64_t id;
+  bool in_range;
+  float4 f;
+  int4 s;
+};
+
+__device__ __forceinline__ PromptRow gather_prompt(const StepArgs& a, int64_t id) {
+  PromptRow p{id, id >= 0 && id < a.N, make_float4(0.0f, 0.0f, 0.0f, 0.0f), make_int4(0, 0, 0, 0)};
+  if (p.in_range) {
+    p.f = reinterpret_cast<const float4*>(a.fstate)[id];
+    p.s = reinterpret_cast<const int4*>(a.istate)[id];
+  }
+  return p;
+}
+
 // docs/spec.md §3 and §5 for one claimed prompt: its new state from the gathered one, scattered
 // back. (The claim word in `s` is stale; the new state carries this step's stamp.)
-__device__ RowOutputs update_prompt_state(const StepArgs& a, int64_t id, float p, int32_t stamp,
-                                          float4 f, int4 s) {
+__device__ RowOutputs update_prompt_state(const StepArgs& a, const PromptRow& prompt, float p,
+                                          int32_t stamp) {
+  const float4 f = prompt.f;
+  const int4 s = prompt.s;
+  const int64_t id = prompt.id;
   const PromptStep u =
       advance_prompt(PromptState{f.x, f.y, f.z, f.w, s.x, s.y, s.z, s.w}, p, stamp, a.params);
   const PromptState& n = u.next;
@@ -150,24 +173,18 @@ __device__ RowOutputs update_prompt_state(const StepArgs& a, int64_t id, float p
 
 // Run by the first lane of a row's segment: fault checks, the claim, the state update and the
 // per-row outputs. Returns whether the row updated its prompt (its advantages are then kept).
-// The prompt's state is read before the claim is known, so that the two loads and the atomic
-// are in flight together: with a state table past the L2 cache (4M prompts: 128 MB) each is a
-// DRAM round trip, and in sequence they were most of the step (0.52 ms at B = 1M on an H200).
 // Only the claim's winner writes the prompt in this step, after its own loads, so every row
-// that reads it reads its state before the step; a losing duplicate drops what it read.
-__device__ bool finish_row(const StepArgs& a, int64_t row, int count, float mean, int32_t fault,
-                           int32_t stamp) {
-  const int64_t id = a.prompt_ids[row];
-  if (id < 0 || id >= a.N) fault |= kFaultIdOutOfRange;
+// that gathered it read its state before the step; a losing duplicate drops what it read.
+__device__ bool finish_row(const StepArgs& a, int64_t row, const PromptRow& prompt, int count,
+                           float mean, int32_t fault, int32_t stamp) {
+  if (!prompt.in_range) fault |= kFaultIdOutOfRange;
   RowOutputs out{0.0f, 0.0f, 0.0f};
   bool active = false;
   if (fault == 0 && count > 0) {
-    const float4 f = reinterpret_cast<const float4*>(a.fstate)[id];
-    const int4 s = reinterpret_cast<const int4*>(a.istate)[id];
-    if (atomicMax(&a.istate[id * kNumIntFields + kClaim], stamp) >= stamp) {
+    if (atomicMax(&a.istate[prompt.id * kNumIntFields + kClaim], stamp) >= stamp) {
       fault = kFaultDuplicateId;
     } else {
-      out = update_prompt_state(a, id, mean, stamp, f, s);
+      out = update_prompt_state(a, prompt, mean, stamp);
       active = true;
     }
   }
@@ -180,10 +197,20 @@ __device__ bool finish_row(const StepArgs& a, int64_t row, int count, float mean
 
 // One row per segment. Every lane of the warp runs the shuffles, including lanes whose row is
 // past the batch (in_batch false), so the full-mask intrinsics always see all 32 lanes.
+//
+// Order of the memory round trips (the step is latency-bound: with a state table past the L2
+// cache, 4M prompts = 128 MB, each is a DRAM access; in sequence, rewards -> id -> state and
+// claim, they were most of the step, 0.52 ms at B = 1M on an H200): the first lane's id load is
+// issued with the reward loads; the state gather is issued once the id is in, before the
+// reductions' shuffles; the claim's atomic needs the row's faults and count, so it follows the
+// reductions, while the gather is still in flight. Two round trips in sequence instead of three.
 __device__ void process_row(const StepArgs& a, int64_t row, bool in_batch, Segment s,
                             int32_t stamp) {
   const int64_t first = row * a.G;
+  const bool owner = in_batch && s.lane == 0;
+  const int64_t id = owner ? a.prompt_ids[row] : -1;
   const Partial partial = in_batch ? sum_valid_rewards(a, first, s) : Partial{0, 0.0f, 0};
+  const PromptRow prompt = gather_prompt(a, id);  // in range only for the owner lane
   const int count = segment_sum(partial.count, s.width);
   const float sum = segment_sum(partial.sum, s.width);
   const int32_t fault = segment_or(partial.fault, s.width);
@@ -191,7 +218,7 @@ __device__ void process_row(const StepArgs& a, int64_t row, bool in_batch, Segme
   const float sq_dev = in_batch ? sum_squared_deviations(a, first, s, mean) : 0.0f;
   const float stddev = unbiased_std(segment_sum(sq_dev, s.width), count);
   bool active = false;
-  if (in_batch && s.lane == 0) active = finish_row(a, row, count, mean, fault, stamp);
+  if (owner) active = finish_row(a, row, prompt, count, mean, fault, stamp);
   active = __shfl_sync(kFullMask, active, 0, s.width);
   if (in_batch) write_advantages(a, first, s, active, mean, stddev, count);
 }
