@@ -21,8 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CSRC = ROOT / "csrc"
 SOURCES = ("lze_step", "lze_topk")
 # Every __global__ function of the sources (the top-k has a one-block and a six-launch plan).
-KERNELS = ("lze_step_kernel", "small_topk_kernel", "prepare_kernel", "score_kernel",
-           "refine_kernel", "count_kernel", "write_kernel")
+KERNELS = ("lze_step_kernel", "lze_step_tile_kernel", "small_topk_kernel", "prepare_kernel",
+           "score_kernel", "refine_kernel", "count_kernel", "write_kernel")
 ARCHS = ("sm_80", "sm_90")
 RESOURCES_JSON = ROOT / "benchmarks" / "results" / "cuda_resources.json"
 NVCC = shutil.which("nvcc")

@@ -2,24 +2,25 @@
 // the update of the per-prompt state, bit-identical to lze_kernels/reference.lze_step for binary
 // rewards (the scalar math is lze_math.h; build with --fmad=false / -ffp-contract=off).
 //
-// Launch math. Each row (prompt group of G rollouts) belongs to a segment of W lanes of one
-// warp, W = the smallest power of two >= G, at most 32:
-//  * G <= 32: a warp handles 32 / W consecutive rows, lane l of a segment holds rollout l, so
-//    a warp reads 32 / W * G consecutive rewards (coalesced) and the row reductions are
-//    log2(W) butterfly shuffles inside the segment;
-//  * G > 32: W = 32, one warp per row, each lane strides over the row by 32 (coalesced).
-// Blocks of 256 threads (8 warps) cover 8 * 32 / W rows; the grid is ceil(B / rows per block)
-// blocks and every index is bounds-checked (lanes past B still join the shuffles). Rewards are
-// read up to three times per row (sums, squared deviations, advantages); after the first pass
-// they come from L1.
+// Launch math: blocks of 256 threads, every index bounds-checked, two kernels by G.
+//  * G <= 32 (lze_step_tile_kernel, "row tiles" below): a block takes 256 consecutive rows, one
+//    per thread; the rewards pass through shared memory, read and written coalesced; the grid
+//    is ceil(B / 256) blocks.
+//  * G > 32 (lze_step_kernel): one warp per row, each lane striding over the row by 32
+//    (coalesced), the row reductions butterfly shuffles; 8 rows per block, ceil(B / 8) blocks.
+//    Rewards are read up to three times per row (sums, squared deviations, advantages); after
+//    the first pass they come from L1.
+// Both kernels are latency-bound where the state table is past the L2 cache: per row the id, the
+// state and the claim are DRAM round trips. The tile kernel has 256 rows' round trips in flight
+// per block where a segment-per-row block had 16 (G = 16).
 //
 // Per row: count / mean / unbiased std over the valid rewards; row faults (id outside [0, N),
-// non-finite or out-of-range valid reward) skip the row. The segment's first lane loads the row's
-// prompt id together with the rewards, and gathers the prompt's state (one float4, one int4)
-// while the rewards are reduced; a fault-free row with n > 0 then claims the prompt with
-// atomicMax(claim, stamp), stamp = step_counter[0] + 1: a row that finds the stamp already
-// there carries a duplicate id within this step and is skipped (which of the duplicate rows wins
-// is unspecified; the reference keeps the first). The winner computes energy and the new state
+// non-finite or out-of-range valid reward) skip the row. The row's owner (its thread in a tile,
+// its warp's first lane for G > 32) loads the row's prompt id together with the rewards, and
+// gathers the prompt's state (one float4, one int4) while the rewards are reduced; a fault-free
+// row with n > 0 then claims the prompt with atomicMax(claim, stamp), stamp = step_counter[0] + 1:
+// a row that finds the stamp already there carries a duplicate id within this step and is
+// skipped (which of the duplicate rows wins is unspecified; the reference keeps the first). The winner computes energy and the new state
 // and scatters it back. (The winner's int4 store touches the claim word a losing duplicate may
 // atomicMax at the same time; both write the same stamp, so this race is benign.) Skipped rows
 // output zeros and OR their fault bits into fault[0].
@@ -58,12 +59,11 @@ struct StepArgs {
   float* momentum;
   int32_t* fault;
   Params params;
-  int segment_width;  // lanes per row: a power of two <= 32
 };
 
-// The lanes of one row: a power-of-two segment of a warp.
+// The lanes of one row (G > 32: a whole warp, width 32).
 struct Segment {
-  int lane;   // position in the segment; it handles rollouts lane, lane + width, ...
+  int lane;   // it handles rollouts lane, lane + width, ...
   int width;
 };
 
@@ -102,18 +102,45 @@ __device__ __forceinline__ bool is_valid(const StepArgs& a, int64_t index) {
   return a.valid == nullptr || a.valid[index] != 0;
 }
 
+__device__ __forceinline__ void add_reward(Partial& p, float r, bool valid) {
+  p.count += valid ? 1 : 0;
+  p.sum += valid ? r : 0.0f;
+  p.fault |= valid ? reward_fault(r) : 0;
+}
+
 // The reward and its validity are both loaded, then combined without a branch, so that their
 // loads are in flight together (behind the branch, the reward's waited for the mask's).
 __device__ Partial sum_valid_rewards(const StepArgs& a, int64_t first, Segment s) {
   Partial p{0, 0.0f, 0};
   for (int64_t j = s.lane; j < a.G; j += s.width) {
-    const float r = load_reward(a.rewards, first + j, a.rewards_dtype);
-    const bool valid = is_valid(a, first + j);
-    p.count += valid ? 1 : 0;
-    p.sum += valid ? r : 0.0f;
-    p.fault |= valid ? reward_fault(r) : 0;
+    add_reward(p, load_reward(a.rewards, first + j, a.rewards_dtype), is_valid(a, first + j));
   }
   return p;
+}
+
+// A row's statistics, in every lane of its segment.
+struct RowStats {
+  int count;
+  float mean;
+  float stddev;
+  int32_t fault;  // reward faults (the id is checked by finish_row)
+};
+
+// Count, sum and fault bits of the segment's partials, and the mean; the std is added by
+// with_stddev once the lanes' squared deviations from that mean are in.
+__device__ RowStats reduce_partials(Partial partial, int width) {
+  RowStats st;
+  st.count = segment_sum(partial.count, width);
+  const float sum = segment_sum(partial.sum, width);
+  st.fault = segment_or(partial.fault, width);
+  st.mean = st.count > 0 ? sum / static_cast<float>(st.count) : 0.0f;
+  st.stddev = 0.0f;
+  return st;
+}
+
+__device__ __forceinline__ RowStats with_stddev(RowStats st, float sq_dev, int width) {
+  st.stddev = unbiased_std(segment_sum(sq_dev, width), st.count);
+  return st;
 }
 
 __device__ float sum_squared_deviations(const StepArgs& a, int64_t first, Segment s, float mean) {
@@ -175,8 +202,11 @@ __device__ RowOutputs update_prompt_state(const StepArgs& a, const PromptRow& pr
 // per-row outputs. Returns whether the row updated its prompt (its advantages are then kept).
 // Only the claim's winner writes the prompt in this step, after its own loads, so every row
 // that gathered it read its state before the step; a losing duplicate drops what it read.
-__device__ bool finish_row(const StepArgs& a, int64_t row, const PromptRow& prompt, int count,
-                           float mean, int32_t fault, int32_t stamp) {
+__device__ __forceinline__ bool finish_row(const StepArgs& a, int64_t row, const PromptRow& prompt,
+                           const RowStats& st, int32_t stamp) {
+  const int count = st.count;
+  const float mean = st.mean;
+  int32_t fault = st.fault;
   if (!prompt.in_range) fault |= kFaultIdOutOfRange;
   RowOutputs out{0.0f, 0.0f, 0.0f};
   bool active = false;
@@ -211,16 +241,13 @@ __device__ void process_row(const StepArgs& a, int64_t row, bool in_batch, Segme
   const int64_t id = owner ? a.prompt_ids[row] : -1;
   const Partial partial = in_batch ? sum_valid_rewards(a, first, s) : Partial{0, 0.0f, 0};
   const PromptRow prompt = gather_prompt(a, id);  // in range only for the owner lane
-  const int count = segment_sum(partial.count, s.width);
-  const float sum = segment_sum(partial.sum, s.width);
-  const int32_t fault = segment_or(partial.fault, s.width);
-  const float mean = count > 0 ? sum / static_cast<float>(count) : 0.0f;
-  const float sq_dev = in_batch ? sum_squared_deviations(a, first, s, mean) : 0.0f;
-  const float stddev = unbiased_std(segment_sum(sq_dev, s.width), count);
+  RowStats st = reduce_partials(partial, s.width);
+  const float sq_dev = in_batch ? sum_squared_deviations(a, first, s, st.mean) : 0.0f;
+  st = with_stddev(st, sq_dev, s.width);
   bool active = false;
-  if (owner) active = finish_row(a, row, prompt, count, mean, fault, stamp);
+  if (owner) active = finish_row(a, row, prompt, st, stamp);
   active = __shfl_sync(kFullMask, active, 0, s.width);
-  if (in_batch) write_advantages(a, first, s, active, mean, stddev, count);
+  if (in_batch) write_advantages(a, first, s, active, st.mean, st.stddev, st.count);
 }
 
 // Last-block-done: the last block to finish advances the step counter and resets the scratch
@@ -236,20 +263,139 @@ __device__ void advance_step_if_last(int64_t* step_counter, int64_t step) {
   }
 }
 
-__global__ void __launch_bounds__(kThreadsPerBlock) lze_step_kernel(const StepArgs a) {
+// At least 4 blocks an SM (at most 64 registers): with the block size alone, ptxas 13 kept this
+// kernel to 32 registers on sm_90 and spilled one.
+__global__ void __launch_bounds__(kThreadsPerBlock, 4) lze_step_kernel(const StepArgs a) {
   const int64_t step = a.step_counter[0];
-  const int lane_in_warp = static_cast<int>(threadIdx.x) % kWarpSize;
-  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarpSize;
-  const Segment s{lane_in_warp & (a.segment_width - 1), a.segment_width};
-  const int64_t row = warp * (kWarpSize / a.segment_width) + lane_in_warp / a.segment_width;
+  const Segment s{static_cast<int>(threadIdx.x) % kWarpSize, kWarpSize};
+  const int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarpSize;
   process_row(a, row, row < a.B, s, static_cast<int32_t>(step + 1));
   advance_step_if_last(a.step_counter, step);
 }
 
-int segment_width(int64_t G) {
-  int width = 1;
-  while (width < G && width < kWarpSize) width *= 2;
-  return width;
+// ----------------------------------------------------------------------------- row tiles
+//
+// Groups of at most kTileMaxGroup rollouts (the common G = 8 or 16): a block takes a tile of
+// kTileRows rows, one per thread, so that every thread has a prompt's state in flight, not one
+// lane of each segment (16x the rows in flight per block at G = 16, where the step waits on DRAM
+// round trips at random state rows). Global memory stays coalesced through shared memory:
+//  1. the block loads the tile's rewards (rows * G consecutive elements) with consecutive
+//     threads on consecutive elements, and stores them as a [kTileRows, stride] float tile
+//     (stride = G rounded up to odd: thread t reading row t hits 32 distinct banks);
+//  2. thread t reduces row t in rollout order, claims and updates its prompt (it loaded the id
+//     first and gathered the state before the barrier), writes the per-row outputs (coalesced)
+//     and overwrites its row of the tile with its advantages;
+//  3. the block stores the tile's advantages, coalesced.
+// Shared memory: 256 x 33 x 4 B of rewards + 256 x 32 B of validity (41.8 KiB, static; five
+// blocks an SM). Index math is 32-bit inside a tile (at most 8,192 elements).
+constexpr int kTileMaxGroup = 32;
+constexpr int kTileRows = kThreadsPerBlock;
+constexpr int kTileStride = kTileMaxGroup + 1;
+
+struct RewardTile {
+  float reward[kTileRows * kTileStride];
+  uint8_t valid[kTileRows * kTileMaxGroup];
+};
+
+// Phase 1: the tile's rewards (and validity) from global memory into the shared tile. Each thread
+// issues kTileLoadsInFlight loads before storing any (the dtype is a template argument, so the
+// loads are not behind a branch each): G / 8 round trips, 8 loads of a thread in each.
+constexpr int kTileLoadsInFlight = 8;
+
+template <int32_t kDType>
+__device__ void load_tile_as(const StepArgs& a, int64_t base, int elements, int stride,
+                             RewardTile& tile) {
+  const bool masked = a.valid != nullptr;
+  const int group = static_cast<int>(a.G);
+  for (int first = static_cast<int>(threadIdx.x); first < elements;
+       first += kTileLoadsInFlight * kThreadsPerBlock) {
+    float reward[kTileLoadsInFlight];
+    uint8_t valid[kTileLoadsInFlight];
+    for (int i = 0; i < kTileLoadsInFlight; ++i) {
+      const int e = first + i * kThreadsPerBlock;
+      const bool in = e < elements;
+      reward[i] = in ? load_reward(a.rewards, base + e, kDType) : 0.0f;
+      valid[i] = in ? (masked ? a.valid[base + e] : uint8_t{1}) : uint8_t{0};
+    }
+    for (int i = 0; i < kTileLoadsInFlight; ++i) {
+      const int e = first + i * kThreadsPerBlock;
+      if (e >= elements) break;
+      const int row = e / group, rollout = e - row * group;
+      tile.reward[row * stride + rollout] = reward[i];
+      tile.valid[row * kTileMaxGroup + rollout] = valid[i] != 0 ? 1 : 0;
+    }
+  }
+}
+
+__device__ void load_tile(const StepArgs& a, int64_t first_row, int rows, int stride,
+                          RewardTile& tile) {
+  const int elements = rows * static_cast<int>(a.G);
+  const int64_t base = first_row * a.G;
+  switch (a.rewards_dtype) {
+    case kF32: load_tile_as<kF32>(a, base, elements, stride, tile); break;
+    case kBF16: load_tile_as<kBF16>(a, base, elements, stride, tile); break;
+    default: load_tile_as<kF16>(a, base, elements, stride, tile); break;
+  }
+}
+
+// Phase 2's statistics of the tile's row `t`, in rollout order.
+__device__ RowStats tile_row_stats(const StepArgs& a, const RewardTile& tile, int t, int stride) {
+  Partial p{0, 0.0f, 0};
+  for (int j = 0; j < a.G; ++j) {
+    add_reward(p, tile.reward[t * stride + j], tile.valid[t * kTileMaxGroup + j] != 0);
+  }
+  RowStats st{p.count, p.count > 0 ? p.sum / static_cast<float>(p.count) : 0.0f, 0.0f, p.fault};
+  float sq_dev = 0.0f;
+  for (int j = 0; j < a.G; ++j) {
+    const float centred = tile.reward[t * stride + j] - st.mean;
+    sq_dev += tile.valid[t * kTileMaxGroup + j] != 0 ? centred * centred : 0.0f;
+  }
+  st.stddev = unbiased_std(sq_dev, st.count);
+  return st;
+}
+
+// Phase 2's advantages of row `t`, written over its rewards in the tile.
+__device__ void tile_row_advantages(const StepArgs& a, RewardTile& tile, int t, int stride,
+                                    const RowStats& st, bool active) {
+  for (int j = 0; j < a.G; ++j) {
+    float& slot = tile.reward[t * stride + j];
+    const bool keep = active && tile.valid[t * kTileMaxGroup + j] != 0;
+    slot = keep ? grpo_advantage(slot, st.mean, st.stddev, st.count, a.params) : 0.0f;
+  }
+}
+
+// Phase 3: the tile's advantages to global memory, coalesced.
+__device__ void store_tile(const StepArgs& a, int64_t first_row, int rows, int stride,
+                           const RewardTile& tile) {
+  const int elements = rows * static_cast<int>(a.G);
+  float* out = a.advantages + first_row * a.G;
+  for (int e = static_cast<int>(threadIdx.x); e < elements; e += kThreadsPerBlock) {
+    const int row = e / static_cast<int>(a.G), rollout = e - row * static_cast<int>(a.G);
+    out[e] = tile.reward[row * stride + rollout];
+  }
+}
+
+__global__ void __launch_bounds__(kThreadsPerBlock) lze_step_tile_kernel(const StepArgs a) {
+  __shared__ RewardTile tile;
+  const int64_t step = a.step_counter[0];
+  const int t = static_cast<int>(threadIdx.x);
+  const int64_t first_row = static_cast<int64_t>(blockIdx.x) * kTileRows;
+  const int64_t left = a.B - first_row;
+  const int rows = left < kTileRows ? static_cast<int>(left > 0 ? left : 0) : kTileRows;
+  const int stride = static_cast<int>(a.G) | 1;
+  const bool in_batch = t < rows;
+  const int64_t id = in_batch ? a.prompt_ids[first_row + t] : -1;  // in flight with phase 1's
+  load_tile(a, first_row, rows, stride, tile);
+  const PromptRow prompt = gather_prompt(a, id);
+  __syncthreads();
+  if (in_batch) {
+    const RowStats st = tile_row_stats(a, tile, t, stride);
+    const bool active = finish_row(a, first_row + t, prompt, st, static_cast<int32_t>(step + 1));
+    tile_row_advantages(a, tile, t, stride, st, active);
+  }
+  __syncthreads();
+  store_tile(a, first_row, rows, stride, tile);
+  advance_step_if_last(a.step_counter, step);
 }
 
 }  // namespace lze::cuda_step
@@ -261,15 +407,21 @@ extern "C" int lze_step_cuda(const void* rewards, int32_t rewards_dtype, const u
                              int32_t* fault, lze::Params params, void* stream) {
   using namespace lze::cuda_step;
   if (B < 0 || G < 0) return cudaErrorInvalidValue;
-  const int width = segment_width(G);
-  const int64_t rows_per_block = (kThreadsPerBlock / kWarpSize) * (kWarpSize / width);
+  const bool tiled = G <= kTileMaxGroup;
+  // Rows per block: a tile of one row per thread, or one row per warp.
+  const int64_t rows_per_block = tiled ? kTileRows : kThreadsPerBlock / kWarpSize;
   // B == 0 still launches one block: the step counter advances as in the reference.
   const int64_t blocks = B == 0 ? 1 : (B + rows_per_block - 1) / rows_per_block;
   if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
   const StepArgs args{rewards,  rewards_dtype, valid,     prompt_ids, B,      G,
                       N,        fstate,        istate,    step_counter, advantages, pass_rate,
-                      energy,   momentum,      fault,     params,     width};
-  LZE_LAUNCH(lze_step_kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreadsPerBlock), 0,
-             static_cast<cudaStream_t>(stream))(args);
+                      energy,   momentum,      fault,     params};
+  const dim3 grid(static_cast<unsigned>(blocks)), block(kThreadsPerBlock);
+  const auto s = static_cast<cudaStream_t>(stream);
+  if (tiled) {
+    LZE_LAUNCH(lze_step_tile_kernel, grid, block, 0, s)(args);
+  } else {
+    LZE_LAUNCH(lze_step_kernel, grid, block, 0, s)(args);
+  }
   return static_cast<int>(cudaGetLastError());
 }

@@ -232,9 +232,9 @@ void run_intrinsics_check() {
 
 int main() {
   run_intrinsics_check();
-  run_step_case(50, 8, 1);   // 4 rows per warp, 32 rows per block: 2 blocks
+  run_step_case(600, 8, 1);  // tiles of 256 rows (G <= 32): 3 blocks, the last partial
   run_step_case(12, 40, 2);  // one warp per row, 8 rows per block: 2 blocks
-  run_step_case(6, 3, 3);    // one block, partial warp of rows
+  run_step_case(6, 3, 3);    // one tile, partial warp of rows
   run_topk_case(50, 0.0f);     // the one-block plan
   run_topk_case(300, 0.05f);
   run_topk_case(9000, 0.05f);   // one block, the scores in the workspace
