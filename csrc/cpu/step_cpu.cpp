@@ -11,6 +11,9 @@
 //     the stamp and is a duplicate, exactly the reference's "earlier row wins", with no atomics
 //     and no two tasks writing the same state row. Duplicates are rare (a caller bug); their
 //     outputs, written by phase 1, are zeroed by the owner, the only task that reads them.
+// On one thread (small batches, or busy cores: cpu/parallel.h) the two phases are one pass in
+// batch order, each claimable row committing as soon as it is processed: the same claims, with
+// no lists and no second visit of each state row (a quarter of the single-thread step).
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -154,23 +157,38 @@ inline lze::PromptStep next_state_of(const StepArgs& a, int64_t row) {
 
 constexpr int32_t kClaimable = -1;
 
-// Phase 1 for one row; returns its fault bits, or kClaimable (no fault, n > 0).
+// Phase 1's verdict on a row: its fault bits, or kClaimable (no fault, n > 0) with the state its
+// prompt gets if the row claims it.
+struct RowResult {
+  int32_t fault;
+  lze::PromptState next;
+};
+
+// Phase 1 for one row.
 template <int32_t kDType, bool kMasked>
-int32_t process_row(const StepArgs& a, int64_t row, int64_t G) {
+RowResult process_row(const StepArgs& a, int64_t row, int64_t G) {
   const RowView<kDType, kMasked> view{a.rewards, a.valid, row * G};
   const RowStats s = row_stats(view, G);
   const int64_t id = a.prompt_ids[row];
   const int32_t fault = s.fault | (id < 0 || id >= a.N ? lze::kFaultIdOutOfRange : 0);
   if (fault != 0 || s.count == 0) {
     zero_row(a, row);
-    return fault;
+    return {fault, {}};
   }
   write_advantages(view, G, s, a.params, a.advantages + row * G);
   a.pass_rate[row] = s.mean;
   const lze::PromptStep u = next_state_of(a, row);
   a.energy[row] = u.next.last_energy;
   a.momentum[row] = u.momentum;
-  return kClaimable;
+  return {kClaimable, u.next};
+}
+
+// Whether `row`'s prompt was already claimed in this step (by an earlier row: a duplicate id).
+// >= rather than ==: the claim protocol the backends share (an atomic max of the stamp on a
+// GPU) also refuses a prompt stamped by a later step (a state restored under an older step
+// counter).
+inline bool already_claimed(const StepArgs& a, int64_t row) {
+  return a.istate[a.prompt_ids[row] * lze::kNumIntFields + lze::kClaim] >= a.stamp;
 }
 
 // Rows per phase-1 task when threads share the step: small enough that a thread the OS
@@ -213,11 +231,33 @@ int32_t process_rows(const StepArgs& a, Range r, const TaskSplit& split,
   int32_t faults = 0;
   for (int64_t row = r.begin; row < r.end; ++row) {
     prefetch_state(a, row + kPrefetchRows, Range{0, a.N});
-    const int32_t fault = process_row<kDType, kMasked>(a, row, G);
+    const int32_t fault = process_row<kDType, kMasked>(a, row, G).fault;
     if (fault == kClaimable) {
       lists[split.owner_of(a.prompt_ids[row])].push_back(row);
     } else {
       faults |= fault;
+    }
+  }
+  return faults;
+}
+
+// Both phases in one pass, on the calling thread alone: each claimable row commits its prompt
+// as soon as it is processed, in batch order (so an earlier row wins, as in phase 2), with the
+// state phase 1 computed. Returns the fault bits seen.
+template <int32_t kDType, bool kMasked, int64_t kG>
+int32_t process_and_commit_rows(const StepArgs& a) {
+  const int64_t G = kG > 0 ? kG : a.G;
+  int32_t faults = 0;
+  for (int64_t row = 0; row < a.B; ++row) {
+    prefetch_state(a, row + kPrefetchRows, Range{0, a.N});
+    const RowResult result = process_row<kDType, kMasked>(a, row, G);
+    if (result.fault != kClaimable) {
+      faults |= result.fault;
+    } else if (already_claimed(a, row)) {
+      zero_row(a, row);
+      faults |= lze::kFaultDuplicateId;
+    } else {
+      store_state(a, a.prompt_ids[row], result.next);
     }
   }
   return faults;
@@ -231,17 +271,12 @@ bool commit_states(const StepArgs& a, const std::vector<int64_t>& rows) {
   for (int64_t j = 0; j < n; ++j) {
     if (j + kPrefetchRows < n) prefetch_state(a, rows[j + kPrefetchRows], Range{0, a.N});
     const int64_t row = rows[j];
-    const int64_t id = a.prompt_ids[row];
-    int32_t* is = a.istate + id * lze::kNumIntFields;
-    // >= rather than ==: the claim protocol the backends share (an atomic max of the stamp on
-    // a GPU) also refuses a prompt stamped by a later step (a state restored under an older
-    // step counter).
-    if (is[lze::kClaim] >= a.stamp) {
+    if (already_claimed(a, row)) {
       zero_row(a, row);
       duplicates = true;
       continue;
     }
-    store_state(a, id, next_state_of(a, row).next);
+    store_state(a, a.prompt_ids[row], next_state_of(a, row).next);
   }
   return duplicates;
 }
@@ -252,6 +287,10 @@ inline void record_faults(int32_t* fault, int32_t faults) {
 
 template <int32_t kDType, bool kMasked, int64_t kG>
 void run_step(const StepArgs& a, int threads, RowLists& lists, int32_t* fault) {
+  if (threads <= 1) {
+    record_faults(fault, process_and_commit_rows<kDType, kMasked, kG>(a));
+    return;
+  }
   const TaskSplit split(a.B, a.N, threads);
   lists.resize(static_cast<size_t>(split.row_tasks * split.owners));
   for (auto& list : lists) list.clear();  // keeps the capacity of earlier calls
