@@ -3,9 +3,9 @@
 // optional Gumbel noise and ordered by lze::selection_key (unique, so ties go to the smaller
 // batch position); kept_indices lists the kept rows in ascending row order.
 //
-// Selection: a radix select on the top 16 score bits keeps the candidates that can be among the
-// k best, std::nth_element finds the k-th best key among them, and one pass over the rows keeps
-// every key at or above it, in row order. Linear in B.
+// Selection: a radix select on the top 16 score bits finds the bucket of the k-th best key,
+// std::nth_element finds that key among the bucket's, and one pass over the rows keeps every key
+// at or above it, in row order. Linear in B.
 #include <algorithm>
 #include <limits>
 #include <vector>
@@ -93,31 +93,40 @@ int64_t gather_candidates(const uint64_t* keys, int64_t B, uint64_t* out) {
   return n;
 }
 
-// Radix select: moves to the front of keys[0, n), in order, every key whose top 16 bits are at
-// most those of the kept-th smallest key, and returns how many (>= kept): the kept smallest
-// keys plus the kept-th's ties in those bits, among which nth_element finds the kept-th. 16 bits (sign,
-// exponent and 7 significand bits of the score) keep those ties few; 8 to 11 bits would be
-// little more than the exponent, which most candidates share. The filter is branch-free: its
-// condition is a coin flip for the branch predictor.
-int64_t select_smallest(uint64_t* keys, int64_t n, int64_t kept) {
+// The kept-th smallest of the distinct keys[0, n) (1 <= kept <= n), by a radix select on their
+// top 16 bits (sign, exponent and 7 significand bits of the score): a histogram finds the
+// kept-th's bucket, and nth_element runs only on that bucket's keys, moved to the front of
+// `keys`. 16 bits keep a bucket small; 8 to 11 would be little more than the exponent, which most
+// candidates share. The move is branch-free: its condition is a coin flip for the branch
+// predictor.
+uint64_t kth_smallest(uint64_t* keys, int64_t n, int64_t kept) {
   constexpr int kSelectBits = 16, kShift = 64 - kSelectBits;
-  // Kept across calls (256 KiB, refilled with zeros each time).
-  thread_local std::vector<int32_t> histogram;
-  histogram.assign(size_t{1} << kSelectBits, 0);
+  // Kept across calls (256 KiB), all zeros between calls: each call clears the buckets it used,
+  // a narrow range (the candidates' scores span few exponents), not the whole table.
+  thread_local std::vector<int32_t> histogram(size_t{1} << kSelectBits, 0);
   // Through a local pointer: a thread_local's address is a call in a shared library
   // (__tls_get_addr), which the compiler may not hoist out of a loop that stores through it.
   int32_t* counts = histogram.data();
-  for (int64_t j = 0; j < n; ++j) ++counts[keys[j] >> kShift];
-  uint64_t limit = 0;  // the kept-th smallest key's bucket
-  int64_t below = 0;   // keys in the buckets before `limit`
+  uint64_t first = uint64_t{1} << kSelectBits, last = 0;  // the buckets in use
+  for (int64_t j = 0; j < n; ++j) {
+    const uint64_t bucket = keys[j] >> kShift;
+    ++counts[bucket];
+    first = std::min(first, bucket);
+    last = std::max(last, bucket);
+  }
+  uint64_t limit = first;  // the kept-th smallest key's bucket
+  int64_t below = 0;       // keys in the buckets before `limit`
   while (below + counts[limit] < kept) below += counts[limit++];
+  std::fill(counts + first, counts + last + 1, 0);
   int64_t m = 0;
   for (int64_t j = 0; j < n; ++j) {
     const uint64_t key = keys[j];
     keys[m] = key;
-    m += (key >> kShift) <= limit;
+    m += (key >> kShift) == limit;
   }
-  return m;
+  const int64_t rank = kept - below;  // among the keys of bucket `limit`, 1-based
+  std::nth_element(keys, keys + rank - 1, keys + m);
+  return keys[rank - 1];
 }
 
 // keep_mask of every row and the kept rows, in row order, into kept_indices: the rows whose key
@@ -159,11 +168,10 @@ void select_top_k(const float* energy, int64_t B, int64_t k, float noise_scale, 
   selection_keys(energy, B, scale, seed, static_cast<uint32_t>(step_counter[0]), keys.data(),
                  threads);
   const int64_t n = gather_candidates(keys.data(), B, spare.data());
-  const int64_t m = select_smallest(spare.data(), n, kept);
-  std::nth_element(spare.data(), spare.data() + kept - 1, spare.data() + m);
   // The kept-th largest key: exactly `kept` keys are at or above it (keys are distinct, and a
   // non-candidate's key 0 is below every candidate's).
-  write_kept(keys.data(), B, ~spare[kept - 1], keep_mask, kept_indices,
+  const uint64_t cutoff = ~kth_smallest(spare.data(), n, kept);
+  write_kept(keys.data(), B, cutoff, keep_mask, kept_indices,
              reinterpret_cast<int64_t*>(spare.data()));
 }
 
