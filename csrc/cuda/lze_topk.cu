@@ -16,9 +16,9 @@
 //    scores live in dynamic shared memory up to kSmallMaxRows (4 B per row: 32 KiB at 8,192
 //    rows, under the 48 KiB default), above that in a workspace of 4 B per row (256 KiB at most:
 //    the block's own writes, read back from L2); the histogram in 8 KiB of static shared memory.
-//    Each pass is 16 strips of 4,096 rows at most: one block's passes over 65,536 rows are
-//    fewer microseconds than the five launches they save (each a few microseconds of device
-//    gap and some 10 us of host time on an H200's host, docs/gpu-results.md).
+//    Each pass is 16 strips of 4,096 rows at most, which should take less time than the five
+//    launches it saves (each some 10 us of host time on the H200 run's host and a few
+//    microseconds of device gap, docs/gpu-results.md); not yet timed on a GPU.
 //  * larger B: six launches over ceil(B / tile) blocks of kThreads threads, tile = 1,024 rows
 //    (more for B > 1M, so that there are at most kMaxBlocks blocks): prepare (zero the
 //    workspace header; per-block energy extents for the noise scale), score (scores to the
