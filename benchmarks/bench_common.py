@@ -43,6 +43,15 @@ class RoundInputs:
         return (rewards, ids), {}
 
 
+def unchecked(step):
+    """``step(rewards, prompt_ids)`` with ``check_inputs=False``: the fused call without its
+    value check."""
+    def unchecked_step(rewards, prompt_ids):
+        return step(rewards, prompt_ids, check_inputs=False)
+
+    return unchecked_step
+
+
 def run_benchmark(benchmark, step, inputs, device: torch.device, **info) -> None:
     """Warm ``step`` up (this compiles what is compiled), pick the number of rounds from one
     timed call, then time it on fresh ``inputs()`` each round; ``info`` goes to extra_info."""

@@ -37,7 +37,7 @@ import time
 from typing import Callable
 
 import torch
-from bench_common import RoundInputs
+from bench_common import RoundInputs, unchecked
 from torch_baselines import PlainTorchSelector, VectorisedSelector
 
 from lze_kernels import LZESelector, available_backends, num_keep
@@ -72,7 +72,7 @@ def build_step(variant: str, num_prompts: int, device: torch.device, batch: int)
     if variant.startswith("fused_"):
         backend = variant[len("fused_"):].removesuffix("_checked")
         step = LZESelector(num_prompts, device=device, backend=backend).step
-        return step if variant.endswith("_checked") else _unchecked(step)
+        return step if variant.endswith("_checked") else unchecked(step)
     if variant in ("torch_plain", "torch_plain_compile"):
         step = PlainTorchSelector(num_prompts, device=device).step
         return _compiled(step) if variant == "torch_plain_compile" else step
@@ -90,13 +90,6 @@ def _compiled(step: Callable) -> Callable:
     """``step`` under torch.compile with dynamic shapes: one compile serves every B (dynamo
     reuses the graph for each new selector's step, whose state tensors differ only in size)."""
     return torch.compile(step, dynamic=True, fullgraph=True)
-
-
-def _unchecked(step: Callable) -> Callable:
-    def unchecked_step(rewards, prompt_ids):
-        return step(rewards, prompt_ids, check_inputs=False)
-
-    return unchecked_step
 
 
 def time_step(step: Callable, inputs: RoundInputs, rounds: int, device: torch.device) -> float:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 from baselines import PythonLoopSelector
-from bench_common import BATCHES, GROUPS, RoundInputs, run_benchmark
+from bench_common import BATCHES, GROUPS, RoundInputs, run_benchmark, unchecked
 from torch_baselines import PlainTorchSelector
 
 from lze_kernels import LZEConfig, LZESelector
@@ -35,16 +35,9 @@ def _cases():
                                    id=f"B{batch}-G{group}-{variant}")
 
 
-def _unchecked(step):
-    def unchecked_step(rewards, prompt_ids):
-        return step(rewards, prompt_ids, check_inputs=False)
-
-    return unchecked_step
-
-
 def _fused_step(num_prompts, device):
     selector = LZESelector(num_prompts, device=device)
-    return _unchecked(selector.step), selector.backend
+    return unchecked(selector.step), selector.backend
 
 
 def _plain_compiled_step(num_prompts, device):

@@ -55,9 +55,10 @@ def test_a_million_rows_select_what_the_reference_selects(backend_name, noise_sc
 
 
 # Batches around the plans' limits (CUDA: one block, scores in shared memory to 8,192, in the
-# workspace to 65,536; Triton: one program in registers to 4,096, looping over tiles to 65,536) and over several tiles of the multi-launch plan
-# (1,024 rows per CUDA block, 65,536 per interpreted Triton program), each with a ragged last
-# tile; four distinct energies make the k-th best tied with rows in many tiles.
+# workspace to 65,536; Triton: one program in registers to 4,096, looping over tiles to 65,536)
+# and over several tiles of the multi-launch plan (1,024 rows per CUDA block, 65,536 per
+# interpreted Triton program), each with a ragged last tile; four distinct energies make the
+# k-th best tied with rows in many tiles.
 @pytest.mark.parametrize("backend_name", BACKENDS)
 @pytest.mark.parametrize("batch", [4096, 4097, 8192, 8193, 3 * 4096 + 17, 65536, 65537,
                                    2 * 65536 + 999])

@@ -20,10 +20,11 @@
 // gathers the prompt's state (one float4, one int4) while the rewards are reduced; a fault-free
 // row with n > 0 then claims the prompt with atomicMax(claim, stamp), stamp = step_counter[0] + 1:
 // a row that finds the stamp already there carries a duplicate id within this step and is
-// skipped (which of the duplicate rows wins is unspecified; the reference keeps the first). The winner computes energy and the new state
-// and scatters it back. (The winner's int4 store touches the claim word a losing duplicate may
-// atomicMax at the same time; both write the same stamp, so this race is benign.) Skipped rows
-// output zeros and OR their fault bits into fault[0].
+// skipped (which of the duplicate rows wins is unspecified; the reference keeps the first). The
+// winner computes energy and the new state and scatters it back. (The winner's int4 store
+// touches the claim word a losing duplicate may atomicMax at the same time; both write the same
+// stamp, so this race is benign.) Skipped rows output zeros and OR their fault bits into
+// fault[0].
 //
 // Step counter: every block reads step_counter[0] at the start; the last block to finish (an
 // atomic count in step_counter[1]) writes step_counter[0] + 1 and resets step_counter[1] to 0.
@@ -102,10 +103,22 @@ __device__ __forceinline__ bool is_valid(const StepArgs& a, int64_t index) {
   return a.valid == nullptr || a.valid[index] != 0;
 }
 
+// The per-element arithmetic both kernels share, in the same order: a row's sums, its mean, its
+// squared deviations and an element's advantage.
 __device__ __forceinline__ void add_reward(Partial& p, float r, bool valid) {
   p.count += valid ? 1 : 0;
   p.sum += valid ? r : 0.0f;
   p.fault |= valid ? reward_fault(r) : 0;
+}
+
+__device__ __forceinline__ float mean_of(int count, float sum) {
+  return count > 0 ? sum / static_cast<float>(count) : 0.0f;
+}
+
+__device__ __forceinline__ void add_squared_deviation(float& total, float r, float mean,
+                                                      bool valid) {
+  const float centred = r - mean;
+  total += valid ? centred * centred : 0.0f;
 }
 
 // The reward and its validity are both loaded, then combined without a branch, so that their
@@ -133,7 +146,7 @@ __device__ RowStats reduce_partials(Partial partial, int width) {
   st.count = segment_sum(partial.count, width);
   const float sum = segment_sum(partial.sum, width);
   st.fault = segment_or(partial.fault, width);
-  st.mean = st.count > 0 ? sum / static_cast<float>(st.count) : 0.0f;
+  st.mean = mean_of(st.count, sum);
   st.stddev = 0.0f;
   return st;
 }
@@ -146,9 +159,8 @@ __device__ __forceinline__ RowStats with_stddev(RowStats st, float sq_dev, int w
 __device__ float sum_squared_deviations(const StepArgs& a, int64_t first, Segment s, float mean) {
   float total = 0.0f;
   for (int64_t j = s.lane; j < a.G; j += s.width) {
-    if (!is_valid(a, first + j)) continue;
-    const float centred = load_reward(a.rewards, first + j, a.rewards_dtype) - mean;
-    total += centred * centred;
+    add_squared_deviation(total, load_reward(a.rewards, first + j, a.rewards_dtype), mean,
+                          is_valid(a, first + j));
   }
   return total;
 }
@@ -198,23 +210,23 @@ __device__ RowOutputs update_prompt_state(const StepArgs& a, const PromptRow& pr
   return {p, n.last_energy, u.momentum};
 }
 
-// Run by the first lane of a row's segment: fault checks, the claim, the state update and the
-// per-row outputs. Returns whether the row updated its prompt (its advantages are then kept).
-// Only the claim's winner writes the prompt in this step, after its own loads, so every row
-// that gathered it read its state before the step; a losing duplicate drops what it read.
-__device__ __forceinline__ bool finish_row(const StepArgs& a, int64_t row, const PromptRow& prompt,
-                           const RowStats& st, int32_t stamp) {
-  const int count = st.count;
-  const float mean = st.mean;
+// Run by the row's owner (its thread in a tile, its warp's first lane for G > 32): fault checks,
+// the claim, the state update and the per-row outputs. Returns whether the row updated its
+// prompt (its advantages are then kept). Only the claim's winner writes the prompt in this step,
+// after its own loads, so every row that gathered it read its state before the step; a losing
+// duplicate drops what it read.
+__device__ __forceinline__ bool finish_row(const StepArgs& a, int64_t row,
+                                           const PromptRow& prompt, const RowStats& st,
+                                           int32_t stamp) {
   int32_t fault = st.fault;
   if (!prompt.in_range) fault |= kFaultIdOutOfRange;
   RowOutputs out{0.0f, 0.0f, 0.0f};
   bool active = false;
-  if (fault == 0 && count > 0) {
+  if (fault == 0 && st.count > 0) {
     if (atomicMax(&a.istate[prompt.id * kNumIntFields + kClaim], stamp) >= stamp) {
       fault = kFaultDuplicateId;
     } else {
-      out = update_prompt_state(a, prompt, mean, stamp);
+      out = update_prompt_state(a, prompt, st.mean, stamp);
       active = true;
     }
   }
@@ -344,11 +356,11 @@ __device__ RowStats tile_row_stats(const StepArgs& a, const RewardTile& tile, in
   for (int j = 0; j < a.G; ++j) {
     add_reward(p, tile.reward[t * stride + j], tile.valid[t * kTileMaxGroup + j] != 0);
   }
-  RowStats st{p.count, p.count > 0 ? p.sum / static_cast<float>(p.count) : 0.0f, 0.0f, p.fault};
+  RowStats st{p.count, mean_of(p.count, p.sum), 0.0f, p.fault};
   float sq_dev = 0.0f;
   for (int j = 0; j < a.G; ++j) {
-    const float centred = tile.reward[t * stride + j] - st.mean;
-    sq_dev += tile.valid[t * kTileMaxGroup + j] != 0 ? centred * centred : 0.0f;
+    add_squared_deviation(sq_dev, tile.reward[t * stride + j], st.mean,
+                          tile.valid[t * kTileMaxGroup + j] != 0);
   }
   st.stddev = unbiased_std(sq_dev, st.count);
   return st;
