@@ -26,7 +26,7 @@ SOURCES := pyproject.toml setup.py CMakeLists.txt $(shell find csrc -type f 2>/d
 NPROC ?= 2
 ARGS ?=
 
-.PHONY: setup lock build demo test test-verl study bench test-gpu-emulated test-gpu gpu-wheels clean
+.PHONY: setup lock build demo test test-verl study bench test-gpu-emulated setup-gpu test-gpu gpu-wheels clean
 
 setup: $(VENV)/.deps-$(PIN_SET) build
 
@@ -110,14 +110,19 @@ test-gpu-emulated: setup
 	bash tools/emu_gcov.sh
 	bash tools/triton_coverage.sh
 
-# The GPU check (docs/gpu-check.md) on a machine with one GPU, its report in GPU_REPORT; where
-# make is missing, `bash tools/gpu_check.sh REPORT_DIR` directly. Runs with the machine's python3.
+# The GPU check (docs/gpu-check.md) on a machine with one NVIDIA GPU and pip: `make setup-gpu`
+# puts the pinned CUDA set into .venv (torch's CUDA build, vLLM, DeepSpeed) and builds this
+# package with nvcc (/usr/local/cuda/bin is searched too); `make test-gpu` runs every stage
+# against that and writes the report to GPU_REPORT.
 GPU_REPORT ?= gpu-check-report
-test-gpu:
-	PYTHON=$(PYTHON) bash tools/gpu_check.sh $(GPU_REPORT)
+setup-gpu:
+	PATH="$$PATH:/usr/local/cuda/bin" $(MAKE) setup VLLM=vllm
 
-# With PyPI: the wheels a GPU machine's Python 3.12 lacks for the GPU check (CPython 3.12
-# manylinux x86_64), into the ignored wheels/, to copy there with the tree; fails over the budget.
+test-gpu: setup-gpu
+	PYTHON=$(abspath $(PY)) bash tools/gpu_check.sh $(GPU_REPORT)
+
+# The maintainers' offline path (tools/README.md): with PyPI, the wheels a GPU machine's fixed
+# Python 3.12 image lacks, into the ignored wheels/, to copy there with the tree.
 gpu-wheels: setup
 	bash tools/gpu_wheels.sh wheels
 

@@ -1,32 +1,33 @@
-"""The CPU-runnable parts of the GPU check (tools/gpu_check.py, `bash tools/gpu_check.sh REPORT_DIR`
-on a machine with one GPU and no network): arguments, what is copied to it against its budget, the
-wheels against the preinstalled packages, the install's paths and environment (the installed
-package wins, compiled Triton), the report after each stage, the benchmark harness and its floors,
-the verl-style vectorised baseline, the memory arithmetic, the trainer stage's model, and a dry run
-of the whole script as a GPU machine would run it (read-only tree, a report folder, no network)."""
+"""The CPU-runnable parts of the GPU check (tools/gpu_check.py: `make test-gpu`, or
+`bash tools/gpu_check.sh REPORT_DIR`, on a machine with one GPU): arguments, the install stage on
+what is installed, the report after each stage, the benchmark harness and its floors, the
+verl-style vectorised baseline, the memory arithmetic, the trainer stage's model, and one dry run
+of the whole script shared by the tests at its end: from a read-only copy of the tree, the
+report folder named, the CUDA stages skipped with the reason and the peer stage run shrunken
+(tools/gpu_peer.py's trainers in their own processes). The offline path: tests/test_gpu_offline.py."""
 
 import importlib.metadata as md
 import json
 import os
-import re
 import shutil
 import stat
 import subprocess
 import sys
 import time
-import zipfile
 from pathlib import Path
 
 import pytest
 import torch
-from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "tools"))
 import gpu_bench  # noqa: E402
 import gpu_check  # noqa: E402
+import gpu_offline  # noqa: E402
+import gpu_peer  # noqa: E402
 import gpu_report  # noqa: E402
+import gpu_workload  # noqa: E402
 from bench_common import RoundInputs  # noqa: E402
 from torch_baselines import PlainTorchSelector, VectorisedSelector  # noqa: E402
 
@@ -49,29 +50,27 @@ def test_cap_scale(monkeypatch):
 
 def test_check_arguments():
     args = gpu_check.parse_args(["check", "--report", "r", "--stages", "bench,trainer",
-                                 "--batches", "256,65536"])
+                                 "--batches", "256,65536", "--peer-sizes", "qwen2.5-0.5b"])
     assert args.stages == ["bench", "trainer"] and args.batches == [256, 65536]
+    assert args.peer_sizes == ["qwen2.5-0.5b"]
     default = gpu_check.parse_args(["check", "--report", "r"])
-    assert default.stages == list(gpu_check.STAGES) and default.budget == gpu_check.BUDGET_S
+    assert default.stages == list(gpu_check.STAGES) and default.peer_sizes is None
     assert default.work == Path("/tmp/gpu_check") and default.report == Path("r")
+    # what is installed, no budget: the offline path's wheels and budget are named when wanted
+    assert default.wheels is None and default.budget is None
     with pytest.raises(SystemExit):
         gpu_check.parse_args(["check"])  # the report folder is always named
 
 
-def test_stage_plan_fits_the_budget():
-    """Every stage has a cap and an estimate; the estimates fit the 7-minute budget with room,
-    the order is kernels, trainer, bench, ... and at most 8 files come back."""
-    assert set(gpu_check.STAGE_CAP_S) == set(gpu_check.STAGE_ESTIMATE_S) == set(gpu_check.STAGES)
-    assert gpu_check.BUDGET_S <= 420
-    assert sum(gpu_check.STAGE_ESTIMATE_S.values()) <= 0.9 * gpu_check.BUDGET_S
-    order = list(gpu_check.STAGES)
-    assert order[:5] == ["preflight", "install", "kernels", "trainer", "bench"]
-    assert len(gpu_check.REPORT_FILES) <= 8 and gpu_check.MAX_REPORT_BYTES <= 16 * 2**20
+def test_every_stage_has_a_cap_in_order():
+    assert set(gpu_check.STAGE_CAP_S) == set(gpu_check.STAGES)
+    assert list(gpu_check.STAGES)[:5] == ["preflight", "install", "kernels", "trainer", "bench"]
+    assert set(gpu_check.NEEDS_CUDA) < set(gpu_check.STAGES) and "peer" not in gpu_check.NEEDS_CUDA
 
 
 @pytest.mark.parametrize("argv", [["check", "--stages", "kernels,vllm"],
                                   ["check", "--stages", ","], ["check", "--batches", "256,x"],
-                                  ["check", "--batches", "0"]])
+                                  ["check", "--batches", "0"], ["check", "--peer-sizes", "7b"]])
 def test_bad_arguments_exit_with_usage(argv, capsys):
     with pytest.raises(SystemExit) as exc:
         gpu_check.parse_args([*argv, "--report", "r"])
@@ -79,91 +78,20 @@ def test_bad_arguments_exit_with_usage(argv, capsys):
     assert argv[1] in capsys.readouterr().err
 
 
-# ----------------------------------------------------------------------------- wheels
+def test_preflight_expects_the_pinned_cuda_set():
+    """What is installed is compared with requirements/constraints-cuda.txt (what `make
+    setup-gpu` installs); on the offline path with the image's versions."""
+    expected = gpu_check.expected_versions(offline=False)
+    assert expected["torch"] == "2.13.0" and expected["trl"] == "1.16.0"
+    assert set(expected) == set(gpu_check.COMPARED_PACKAGES)
+    assert gpu_check.expected_versions(offline=True) == gpu_offline.IMAGE_VERSIONS
 
 
-def _normalised(name):
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def test_travel_is_within_budget():
-    """What would be copied to the GPU machine today (tracked + untracked-not-ignored + the
-    wheels, at their recorded sizes where not downloaded) stays under 48 MiB of the 64 allowed."""
-    report = gpu_check.travel_report(ROOT)
-    assert report["within_budget"], gpu_check.format_travel(report)
-    assert report["budget_bytes"] == 48 * 2**20 < report["limit_bytes"]
-
-
-def test_travel_counts_what_is_copied(tmp_path):
-    repo = tmp_path / "repo"
-    (repo / "wheels").mkdir(parents=True)
-    subprocess.run(["git", "init", "-q", str(repo)], check=True)
-    (repo / ".gitignore").write_text("/wheels/\nbuild/\n")
-    (repo / "tracked.py").write_bytes(b"x" * 1000)
-    (repo / "untracked.txt").write_bytes(b"y" * 300)  # not ignored: travels
-    (repo / "build").mkdir()
-    (repo / "build" / "big.o").write_bytes(b"z" * 10**6)  # ignored: stays
-    (repo / "wheels" / "a.whl").write_bytes(b"w" * 5000)  # ignored but carried
-    subprocess.run(["git", "-C", str(repo), "add", "tracked.py", ".gitignore"], check=True)
-    names = {p.relative_to(repo).as_posix() for p in gpu_check.travel_files(repo)}
-    assert names == {".gitignore", "tracked.py", "untracked.txt", "wheels/a.whl"}
-    report = gpu_check.travel_report(repo, budget_mib=0.005)
-    assert report["wheel_bytes"] == 5000 and report["wheels_on_disk"]
-    assert not report["within_budget"] and "OVER" in gpu_check.format_travel(report)
-
-
-def test_wheels_and_local_build_outputs_are_ignored():
-    for path in ("wheels/x.whl", "gpu_check/site/x.py"):
-        assert subprocess.run(["git", "check-ignore", "-q", path], cwd=ROOT).returncode == 0, path
-
-
-def test_wheels_are_only_what_the_image_lacks():
-    """Never a package of the image, except one installed only where the image's copy is older
-    than the pin (typing-extensions, which pydantic needs at >= 4.16)."""
-    carried = {_normalised(w.requirement.split("==")[0]) for w in gpu_check.WHEELS}
-    always = {_normalised(w.requirement.split("==")[0]) for w in gpu_check.WHEELS
-              if not w.if_older}
-    assert not always & gpu_check.IMAGE_PACKAGES, "carried although the image has it"
-    assert carried - always <= gpu_check.IMAGE_PACKAGES
-    assert {"deepspeed", "pydantic", "pydantic-core", "datasets", "dill", "multiprocess",
-            "trl", "omegaconf", "math-verify"} <= carried
-
-
-def test_wheels_and_image_cover_every_requirement():
-    """The closure of the carried packages' requirements (their metadata here, extras left out)
-    is inside WHEELS + the image: a package like pydantic for DeepSpeed cannot go missing."""
-    carried = {_normalised(w.requirement.split("==")[0]): w for w in gpu_check.WHEELS}
-    have = set(carried) | gpu_check.IMAGE_PACKAGES
-    missing = {}
-    device = {"python_version": "3.12", "python_full_version": "3.12.3", "extra": "",
-              "sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64"}
-    for name in carried:
-        for req in map(Requirement, md.requires(name) or []):
-            if req.marker is not None and not req.marker.evaluate(device):
-                continue  # an extra's, or for another Python
-            if _normalised(req.name) not in have:
-                missing.setdefault(name, []).append(req.name)
-    assert not missing
-
-
-def test_recorded_wheel_sizes_are_plausible():
-    for wheel in gpu_check.WHEELS:
-        assert 10_000 < wheel.size < 5 * 2**20, wheel
-    assert [w.requirement for w in gpu_check.WHEELS if w.if_older] == ["typing-extensions==4.16.0"]
-
-
-def test_wheel_pins_match_the_cuda_set():
-    """Every wheel brought is the version the CUDA pinned set resolves to (where it has it)."""
-    pins = {}
-    for line in (ROOT / "requirements" / "constraints-cuda.txt").read_text().splitlines():
-        req = line.split("#")[0].strip()
-        if "==" in req:
-            name, version = req.split("==")
-            pins[name.lower()] = version
-    for wheel in gpu_check.WHEELS:
-        assert wheel.how in ("binary", "built"), wheel
-        name, version = wheel.requirement.split("==")
-        assert pins[name.lower()] == version, wheel
+def test_the_tree_commit_is_recorded(monkeypatch):
+    commit = gpu_check.tree_commit()
+    head = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=ROOT,
+                          capture_output=True, text=True).stdout.strip()
+    assert commit.rstrip("+") == head
 
 
 # ----------------------------------------------------------------------------- report
@@ -398,11 +326,11 @@ def test_vectorised_baseline_matches_reference(group, noise_scale):
 
 
 def test_trainer_data_loads_through_the_real_datasets(tmp_path):
-    """The stand-in of datasets is gone: the real one travels as a wheel."""
+    """The stand-in of datasets is gone: the real one is installed (or travels as a wheel)."""
     from lze_trainer.data import load_prompts
 
     assert not (ROOT / "tools" / "gpu_stand_ins").exists()
-    data = gpu_check.write_arithmetic_jsonl(tmp_path / "train.jsonl", 12)
+    data = gpu_workload.write_arithmetic_jsonl(tmp_path / "train.jsonl", 12)
     rows = load_prompts(str(data), limit=10).to_list()
     assert len(rows) == 10 and rows[3]["messages"][0]["content"].startswith("Calculate ")
 
@@ -410,9 +338,10 @@ def test_trainer_data_loads_through_the_real_datasets(tmp_path):
 def test_model_with_real_size_vocabulary(tmp_path):
     from transformers import AutoConfig, AutoTokenizer
 
-    texts = gpu_check._texts(gpu_check.write_arithmetic_jsonl(tmp_path / "t.jsonl", 32))
-    folder = gpu_check.build_model(tmp_path / "m", texts, vocab=1000,
-                                   spec="tiny:qwen2?hidden=32&layers=1&heads=1&kv_heads=1&vocab=300")
+    texts = gpu_workload.texts(gpu_workload.write_arithmetic_jsonl(tmp_path / "t.jsonl", 32))
+    folder = gpu_workload.build_model(
+        tmp_path / "m", texts, vocab=1000,
+        spec="tiny:qwen2?hidden=32&layers=1&heads=1&kv_heads=1&vocab=300")
     config = AutoConfig.from_pretrained(folder)
     assert config.vocab_size == 1000 and config.tie_word_embeddings
     assert len(AutoTokenizer.from_pretrained(folder)) < 1000
@@ -423,48 +352,40 @@ def test_phase_memory_is_a_no_op_without_cuda():
 
     record = {}
     before = metrics.Timer.__call__
-    with gpu_check.phase_memory(record):
+    with gpu_workload.phase_memory(record):
         timer = metrics.Timer()
         with timer("rollout"):
             pass
     assert record == {} and metrics.Timer.__call__ is before and "rollout" in timer.seconds
 
 
+def test_the_stages_share_their_workload_without_an_import_circle():
+    """gpu_check and gpu_peer both import gpu_workload; gpu_peer never imports gpu_check, and
+    the trainer's reward function resolves to gpu_workload's."""
+    assert "gpu_check" not in (ROOT / "tools" / "gpu_peer.py").read_text().split('"""', 2)[2]
+    for module in ("gpu_workload", "gpu_report"):
+        source = (ROOT / "tools" / f"{module}.py").read_text()
+        assert "import gpu_check" not in source and "import gpu_peer" not in source
+    assert f"reward.function={gpu_workload.REWARD_FUNCTION}" in gpu_workload.TRAINER_OVERRIDES
+    from lze_trainer.reward import import_function
+
+    assert import_function(gpu_workload.REWARD_FUNCTION) is gpu_workload.coin_flip
+
+
 # ----------------------------------------------------------------------------- install, paths
 
 
-def _fake_wheel(folder: Path, name="gpu_check_probe", version="0.1") -> Path:
-    """A pure wheel holding one module ``name`` (what pip needs: a module, METADATA, WHEEL,
-    RECORD)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{name}-{version}-py3-none-any.whl"
-    info = f"{name}-{version}.dist-info"
-    with zipfile.ZipFile(path, "w") as z:
-        z.writestr(f"{name}.py", "VALUE = 42\n")
-        z.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
-        z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
-                                    "Tag: py3-none-any\n")
-        z.writestr(f"{info}/RECORD", "")
-    return path
-
-
-def test_wheels_install_from_a_relative_folder_without_network(tmp_path, monkeypatch):
-    """F4: relative paths; F2: --no-compile; only interpreter-compatible wheels; missing ones
-    of WHEELS are listed."""
-    _fake_wheel(tmp_path / "rel" / "wheels")
-    (tmp_path / "rel" / "wheels" / "other-1.0-cp399-cp399-manylinux2014_x86_64.whl").write_bytes(
-        b"")
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("PIP_NO_INDEX", "1")
-    site = tmp_path / "work" / "site"
-    with open(tmp_path / "install.log", "w") as log:
-        result = gpu_check.install_wheels(Path("rel/wheels"), site, log)
-    assert result["installed"] == ["gpu_check_probe-0.1-py3-none-any.whl"]
-    assert result["skipped"] == {"other-1.0-cp399-cp399-manylinux2014_x86_64.whl":
-                                 "not for this interpreter"}
-    assert len(result["missing"]) == len(gpu_check.WHEELS)
-    assert (site / "gpu_check_probe.py").exists() and not list(site.rglob("*.pyc"))
-    assert "--no-index" in (tmp_path / "install.log").read_text()
+def test_install_stage_checks_what_is_installed(tmp_path, monkeypatch):
+    """Without wheels (a user's `make test-gpu`), the install stage imports what is installed and
+    fails naming the imports that fail; nothing is installed or built."""
+    monkeypatch.setattr(gpu_offline, "install", lambda *args: pytest.fail("installed"))
+    ok = {m: f"ok /venv/{m}.py" for m in gpu_check.IMPORTS}
+    monkeypatch.setattr(gpu_check, "check_imports", lambda work: ok)
+    assert gpu_check.stage_install(tmp_path, {"wheels": None})["status"] == "passed"
+    missing = {**ok, "lze_kernels._lze_cuda": "ModuleNotFoundError: No module named ..."}
+    monkeypatch.setattr(gpu_check, "check_imports", lambda work: missing)
+    result = gpu_check.stage_install(tmp_path, {"wheels": None})
+    assert result["status"] == "failed" and "lze_kernels._lze_cuda" in result["reason"]
 
 
 def test_stage_environment_puts_the_installed_package_first(tmp_path):
@@ -482,25 +403,6 @@ def test_stage_environment_puts_the_installed_package_first(tmp_path):
         out = subprocess.run([sys.executable, "-P", "-c", code], env=env, cwd=cwd,
                              capture_output=True, text=True, check=True).stdout.split()
         assert out == [str(fake / "__init__.py"), "0"]
-
-
-def test_check_writes_the_report_folder_after_the_preflight(tmp_path):
-    """One real stage (the preflight) through the parent: versions against the expected ones, the
-    report in the named folder; without a GPU the CUDA stages are skipped with the reason."""
-    code = gpu_check.main(["check", "--work", str(tmp_path / "work"), "--report",
-                           str(tmp_path / "out"), "--stages", "preflight,kernels"])
-    assert code == 1  # no GPU here
-    result = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
-    pre = result["stages"]["preflight"]
-    assert pre["versions"]["python"] == ".".join(map(str, sys.version_info[:3]))
-    assert pre["versions"]["torch"] == md.version("torch") and "nvcc" in pre["versions"]
-    if not torch.cuda.is_available():
-        assert pre["status"] == "failed" and not pre["cuda_available"]
-        assert result["stages"]["kernels"] == {"status": "skipped", "reason":
-                                               gpu_check._skip_reason("kernels", result["stages"],
-                                                                      100)}
-    assert any("torch" in m for m in pre["mismatches"]) == (not md.version("torch")
-                                                            .startswith("2.11"))
 
 
 def test_memory_arithmetic_is_the_docs():
@@ -531,68 +433,103 @@ def test_step_bytes_and_floors_on_cpu():
 # ----------------------------------------------------------------------------- dry run
 
 
-def _read_only_copy(dest: Path) -> Path:
-    """What is copied to the GPU machine (travel_files), copied and made read-only like a tree that
-    must not be written to."""
-    for path in gpu_check.travel_files(ROOT, carry=()):
-        target = dest / path.relative_to(ROOT)
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    """``bash tools/gpu_check.sh REPORT_DIR`` once, as a user runs it, from a read-only copy of
+    the tree (the check never writes to it), the work folder elsewhere, the report folder named,
+    the peer stage at its Qwen2.5-0.5B size (shrunken on a CPU; the other size runs the same
+    code with the trainer stage's model). Shared by the tests below."""
+    base = tmp_path_factory.mktemp("dry-run")
+    tree, out, work = base / "tree", base / "out", base / "work"
+    for path in gpu_offline.travel_files(ROOT, carry=()):
+        target = tree / path.relative_to(ROOT)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(path, target)
-    for path in sorted(dest.rglob("*"), reverse=True):
+    for path in sorted(tree.rglob("*"), reverse=True):
         path.chmod(path.stat().st_mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
-    dest.chmod(dest.stat().st_mode & ~stat.S_IWUSR)
-    return dest
-
-
-@pytest.mark.slow
-def test_dry_run_of_the_whole_script_with_the_device_layout(tmp_path):
-    """bash tools/gpu_check.sh REPORT_DIR from a read-only copy of what travels, the report folder
-    empty, the work folder elsewhere, no network (PIP_NO_INDEX), a wheels folder with one pure
-    wheel: every stage ends with a status, the CUDA ones skipped here with the reason, the peer
-    stage run at both its sizes (shrunken), the package built from the copy and imported from the
-    site folder, and the report files in the report folder."""
-    tree = _read_only_copy(tmp_path / "tree")
-    out, work = tmp_path / "out", tmp_path / "work"
-    out.mkdir()
-    _fake_wheel(tmp_path / "wheels")
-    env = {**os.environ, "GPU_CHECK_DIR": str(work), "PIP_NO_INDEX": "1",
-           "WHEELS": str(tmp_path / "wheels"), "PYTHON": sys.executable,
-           "PIP_CONSTRAINT": "",
-           # the device's caps assume 16 cores; CI has 2, maybe busy
-           "GPU_CHECK_CAP_SCALE": "5", "GPU_CHECK_BUDGET_S": "1500"}
+    tree.chmod(tree.stat().st_mode & ~stat.S_IWUSR)
+    env = {**os.environ, "GPU_CHECK_DIR": str(work), "PYTHON": sys.executable,
+           "GPU_CHECK_COMMIT": "abc1234"}  # the copy has no git
     try:
         begin = time.monotonic()
-        proc = subprocess.run(["bash", "tools/gpu_check.sh", str(out)], cwd=tree, env=env,
-                              capture_output=True, text=True, timeout=1600)
+        proc = subprocess.run(["bash", "tools/gpu_check.sh", str(out), "--peer-sizes",
+                               "qwen2.5-0.5b"], cwd=tree, env=env, capture_output=True,
+                              text=True, timeout=1200)
         seconds = time.monotonic() - begin
     finally:
         for path in [tree, *tree.rglob("*")]:
             path.chmod(path.stat().st_mode | stat.S_IWUSR)
+    print(f"dry run: {seconds:.0f} s")
     result = json.loads((out / "gpu_check.json").read_text())
-    stages = result["stages"]
+    return dict(tree=tree, out=out, work=work, proc=proc, result=result,
+                stages=result["stages"])
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("gpu_dry_run")
+def test_dry_run_ends_every_stage_and_writes_the_report(dry_run):
+    """Every stage ends with a status, the CUDA ones skipped here with the reason; the report
+    files are in the report folder (a console log, the JSON with the tree's commit, the markdown
+    with the goals); nothing is written into the tree."""
+    stages, out, proc = dry_run["stages"], dry_run["out"], dry_run["proc"]
     assert list(stages) == list(gpu_check.STAGES), proc.stdout[-3000:]
-    install = stages["install"]
-    assert install["build_exit"] == 0, (work / "install.log").read_text()[-3000:]
-    assert install["lze_kernels_from"] == f"ok {work / 'site' / 'lze_kernels' / '__init__.py'}"
-    assert install["wheels"]["installed"] == ["gpu_check_probe-0.1-py3-none-any.whl"]
-    for module in ("lze_kernels._lze_cpu", "lze_trainer.trainer", "deepspeed", "datasets"):
-        assert install["imports"][module].startswith("ok"), install["imports"][module]
+    assert dry_run["result"]["commit"] == "abc1234" and dry_run["result"]["budget_s"] is None
     if not torch.cuda.is_available():
         for name in gpu_check.NEEDS_CUDA:
-            assert stages[name]["status"] == "skipped" and "no CUDA device" in \
-                stages[name]["reason"], name
+            assert stages[name] == {"status": "skipped", "reason": gpu_check._skip_reason(
+                name, {"preflight": {"cuda_available": False}}, None)}, name
         assert proc.returncode == 1
-    peer = stages["peer"]  # runs without CUDA too, both sizes shrunken
-    assert peer["status"] == "passed", (peer, (out / "peer.log").read_text()[-3000:])
-    assert [s["name"] for s in peer["sizes"]] == list(gpu_report.PEER_SIZES)
     names = {p.name for p in out.iterdir()}
-    assert {"gpu_check.json", "gpu_check.md", "console.log", "install.log"} <= names
-    assert names <= set(gpu_check.REPORT_FILES) and len(names) <= 8
+    assert {"gpu_check.json", "gpu_check.md", "console.log", "peer.log"} <= names
+    assert names <= set(gpu_check.REPORT_FILES)
     assert "## Goals" in (out / "gpu_check.md").read_text()
-    assert "== install: " in (out / "console.log").read_text()
-    assert not [p for p in tree.rglob("*") if p.name in ("build", "__pycache__", "site")]
-    print(f"dry run: {seconds:.0f} s, install {install['seconds']} s (build "
-          f"{install['build_seconds']} s)")
+    assert "== install: passed" in (out / "console.log").read_text()
+    assert not [p for p in dry_run["tree"].rglob("*")
+                if p.name in ("build", "__pycache__", "site")]
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("gpu_dry_run")
+def test_dry_run_checks_what_is_installed(dry_run):
+    """The preflight records the versions and names those unlike the pinned CUDA set; the
+    install stage imports every module from what is installed (here the venv's editable install
+    of this clone), building nothing."""
+    pre, install = dry_run["stages"]["preflight"], dry_run["stages"]["install"]
+    assert pre["versions"]["python"] == ".".join(map(str, sys.version_info[:3]))
+    assert pre["versions"]["torch"] == md.version("torch") and "nvcc" in pre["versions"]
+    assert pre["expected"] == gpu_check.expected_versions(offline=False)
+    unlike = [k for k, v in pre["expected"].items()
+              if not str(pre["versions"].get(k) or "").startswith(v)]
+    assert [m.split()[0] for m in pre["mismatches"]] == unlike
+    if not torch.cuda.is_available():
+        assert pre["status"] == "failed" and not pre["cuda_available"]
+    assert install["status"] == "passed" or "_lze_cuda" in install["reason"], install
+    for module in ("lze_kernels._lze_cpu", "lze_trainer.trainer", "deepspeed", "datasets", "trl"):
+        assert install["imports"][module].startswith("ok"), install["imports"][module]
+    assert "build_exit" not in install and not (dry_run["work"] / "site").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("gpu_dry_run")
+def test_dry_run_peer_stage_runs_both_trainers(dry_run):
+    """The peer stage runs without CUDA too: lze_trainer and TRL's GRPOTrainer each in a child
+    process at the shrunken size (TRL's GRPOConfig valid for the installed trl, one time per
+    step), their output in peer.log, the shaped model's random weights at the CPU shape."""
+    peer, work = dry_run["stages"]["peer"], dry_run["work"]
+    log = (dry_run["out"] / "peer.log").read_text()
+    assert peer["status"] == "passed", (peer, log[-3000:])
+    size = gpu_peer.PEER_SIZES[1]
+    cpu = size.on_cpu()
+    (entry,) = peer["sizes"]
+    assert entry["name"] == size.name and entry["setting"] == cpu.setting()
+    assert len(entry["lze_steps_s"]) == len(entry["trl_steps_s"]) == cpu.steps
+    assert all(t > 0 for t in entry["trl_steps_s"]) and entry["ratio"] > 0
+    assert entry["lze_peak_memory_gib"] == {} and entry["trl_peak_memory_gib"] is None
+    for kind in ("lze", "trl"):
+        assert f"== {size.name}: {kind}" in log
+    config = json.loads((work / "peer" / f"{size.name}-model" / "config.json").read_text())
+    assert config["num_hidden_layers"] == gpu_peer.CPU_SHAPE["num_hidden_layers"]
+    assert config["vocab_size"] == gpu_workload.VOCAB
 
 
 def test_step_summary_counts_the_steps_that_ran(tmp_path):
@@ -602,7 +539,7 @@ def test_step_summary_counts_the_steps_that_ran(tmp_path):
     rows = [{"step": 0, "eval/accuracy": 0.1}] + [
         {"step": s, "timing_s/step": 0.5 * s, "reward/mean": 0.5} for s in (1, 2, 3)]
     metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    steps = gpu_check._step_summary(metrics)
+    steps = gpu_workload.step_summary(metrics)
     assert [s["step"] for s in steps] == [1, 2, 3]
     assert steps[0] == {"step": 1, "timing_s/step": 0.5, "reward/mean": 0.5}
 
@@ -614,12 +551,12 @@ def test_update_only_pass_runs_on_cpu(tmp_path):
     code = f"""
 import os, sys
 sys.path.insert(0, {str(ROOT / 'tools')!r})
-import gpu_check
+import gpu_check, gpu_workload
 os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-                  MASTER_ADDR="127.0.0.1", MASTER_PORT=str(gpu_check._free_port()))
+                  MASTER_ADDR="127.0.0.1", MASTER_PORT=str(gpu_workload.free_port()))
 shape = dict(gpu_check.QWEN_1_5B, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
              num_attention_heads=2, num_key_value_heads=1, vocab_size=512)
-model = gpu_check.random_model(gpu_check.Path({str(tmp_path / 'model')!r}), shape)
+model = gpu_workload.random_model(gpu_check.Path({str(tmp_path / 'model')!r}), shape)
 actor, params = gpu_check.update_only_actor(model, ("trainer.device=cpu",))
 batch, norm = gpu_check.synthetic_batch(2, 64, 16, 512)
 stats = actor.update([[batch]], [norm]).as_dict()

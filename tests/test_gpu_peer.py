@@ -1,21 +1,18 @@
 """The GPU check's peer stage (tools/gpu_peer.py) on the CPU: its plan of sizes, its comparison
-with the runs stubbed, its report, and the stage itself at both sizes shrunken (what the check's
-dry run runs), each trainer in its own process."""
+with the runs stubbed, the sizes a run asks for, and its report. The stage itself with both
+trainers in their own processes runs in the check's dry run (tests/test_gpu_check.py)."""
 
 import json
-import os
-import subprocess
 import sys
-from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
-import gpu_check  # noqa: E402
 import gpu_peer  # noqa: E402
 import gpu_report  # noqa: E402
+import gpu_workload  # noqa: E402
 
 
 def test_sizes_are_the_issues():
@@ -23,7 +20,7 @@ def test_sizes_are_the_issues():
     tokens; TRL's micro-batches add up to one generation batch per step."""
     tiny, small = gpu_peer.PEER_SIZES
     assert (tiny.prompts, tiny.group, tiny.tokens, tiny.shape) == (16, 8, 64, None)
-    assert tiny.steps == gpu_check.TRAINER_STEPS
+    assert tiny.steps == gpu_workload.TRAINER_STEPS
     assert (small.prompts, small.group, small.tokens) == (64, 8, 256)
     shape = small.shape
     assert (shape["hidden_size"], shape["num_hidden_layers"], shape["num_attention_heads"],
@@ -33,8 +30,8 @@ def test_sizes_are_the_issues():
         assert size.steps >= 3  # a median of at least two steps after the first
         cpu = size.on_cpu()
         assert cpu.prompts * cpu.group == cpu.trl_micro_batch and cpu.steps == 2
-    assert "selection.method=lze" in gpu_check.TRAINER_OVERRIDES
-    assert f"selection.keep_ratio={gpu_check.KEEP_RATIO}" in gpu_check.TRAINER_OVERRIDES
+    assert "selection.method=lze" in gpu_workload.TRAINER_OVERRIDES
+    assert f"selection.keep_ratio={gpu_workload.KEEP_RATIO}" in gpu_workload.TRAINER_OVERRIDES
 
 
 def _lze_run(step_seconds, compile_s=0.5):
@@ -75,6 +72,16 @@ def test_stage_compares_both_sizes(tmp_path, monkeypatch):
     assert json.loads((tmp_path / "peer.json").read_text())["sizes"] == result["sizes"]
 
 
+def test_stage_runs_the_sizes_asked_for(tmp_path, monkeypatch):
+    """``--peer-sizes`` picks sizes by name, in the plan's order; without it every size runs."""
+    ran = []
+    monkeypatch.setattr(gpu_peer, "compare", lambda work, size, trainer, deadline:
+                        ran.append(size.name) or {"name": size.name, "status": "passed"})
+    assert gpu_peer.stage_peer(tmp_path, {"peer_sizes": ["qwen2.5-0.5b"]})["status"] == "passed"
+    gpu_peer.stage_peer(tmp_path, {})
+    assert ran == ["qwen2.5-0.5b", "tiny", "qwen2.5-0.5b"]
+
+
 def test_a_failed_run_fails_its_size_with_the_reason():
     size = gpu_peer.PEER_SIZES[1]
     entry = gpu_peer.summary(size, {"exit_code": 1, "steps": []},
@@ -99,47 +106,3 @@ def test_report_has_a_goal_and_figures_per_size():
     assert "First steps: lze_trainer 9.00 s, 0.25 s of it capturing decode steps; TRL 3.00 s." \
         in text
     assert "| rollout | 1.50 |" in text and "| TRL GRPOTrainer, whole run | 4.00 |" in text
-
-
-@pytest.mark.slow
-def test_trl_run_on_cpu(tmp_path):
-    """TRL's half at the dry run's size: its GRPOConfig is valid for the trl that travels, one
-    time per step."""
-    from lze_trainer import tiny_model
-
-    pytest.importorskip("trl")
-    data = gpu_check.write_arithmetic_jsonl(tmp_path / "train.jsonl", 16)
-    model = tiny_model.build("tiny:qwen2?hidden=32&layers=1&heads=1&kv_heads=1&vocab=300",
-                             tmp_path / "model", gpu_check._texts(data))
-    size = gpu_peer.PEER_SIZES[1].on_cpu()
-    run = gpu_peer.trl_run(model, data, tmp_path / "trl", size, use_cpu=True)
-    assert len(run["steps_s"]) == size.steps and all(t > 0 for t in run["steps_s"])
-    assert run["peak_memory_gib"] is None
-
-
-@pytest.mark.slow
-def test_peer_stage_runs_both_sizes_without_cuda(tmp_path):
-    """``gpu_check.py stage peer`` as the check runs it (``python -P``, the stage environment),
-    with no trainer stage before it: both sizes shrunken, lze_trainer and TRL each in a child
-    process, their output in peer.log."""
-    pytest.importorskip("trl")
-    (tmp_path / "options.json").write_text("{}")
-    env = {**gpu_check.child_env(tmp_path), "GPU_CHECK_STAGE_S": "1200",
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "tools"), str(ROOT / "tests")])}
-    proc = subprocess.run([sys.executable, "-P", str(ROOT / "tools" / "gpu_check.py"), "stage",
-                           "peer", "--work", str(tmp_path)], env=env, capture_output=True,
-                          text=True, timeout=1500)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads((tmp_path / "peer.json").read_text())
-    log = (tmp_path / "peer.log").read_text()
-    assert result["status"] == "passed", (result, log[-3000:])
-    for size, entry in zip(gpu_peer.PEER_SIZES, result["sizes"]):
-        cpu = size.on_cpu()
-        assert entry["name"] == size.name and entry["setting"] == cpu.setting()
-        assert len(entry["lze_steps_s"]) == len(entry["trl_steps_s"]) == cpu.steps
-        assert entry["lze_peak_memory_gib"] == {}  # no CUDA: no memory figures
-    for kind in ("lze", "trl"):
-        assert f"== qwen2.5-0.5b: {kind}" in log
-    config = json.loads((tmp_path / "peer" / "qwen2.5-0.5b-model" / "config.json").read_text())
-    assert config["num_hidden_layers"] == gpu_peer.CPU_SHAPE["num_hidden_layers"]
-    assert asdict(gpu_peer.PEER_SIZES[1].on_cpu())["shape"]["vocab_size"] == 151_936

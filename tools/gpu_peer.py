@@ -10,7 +10,7 @@ on the same GPU, at two sizes (:data:`PEER_SIZES`):
 Every trainer run is its own process (a fresh CUDA context, so its peak memory is its own),
 printing into peer.log. Step time: the median of the steps after the first; the first step (CUDA
 start-up, lze_trainer's decode-graph captures) is reported apart, with the capture seconds. Peak
-memory: lze_trainer's per phase (``gpu_check.phase_memory``), TRL's over its run.
+memory: lze_trainer's per phase (``gpu_workload.phase_memory``), TRL's over its run.
 
 Without CUDA (the check's dry run on a CPU) both sizes run at a few tokens with a shrunken
 shape (:meth:`PeerSize.on_cpu`): the same code, numbers that mean nothing.
@@ -31,12 +31,12 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import gpu_check  # noqa: E402
-import gpu_report  # noqa: E402
+import gpu_report  # noqa: E402  (standard library only)
+import gpu_workload as W  # noqa: E402  (standard library at import)
 
 # Qwen2.5-0.5B's shape (config.json of Qwen/Qwen2.5-0.5B), for random weights.
 QWEN_0_5B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                 num_attention_heads=14, num_key_value_heads=2, vocab_size=gpu_check.VOCAB,
+                 num_attention_heads=14, num_key_value_heads=2, vocab_size=W.VOCAB,
                  max_position_embeddings=32768, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
                  tie_word_embeddings=True)
 # The dry run's shape on a CPU: the structure of a grouped-query Qwen2, a few parameters.
@@ -65,9 +65,8 @@ class PeerSize:
         return replace(self, prompts=2, group=2, tokens=4, steps=2, trl_micro_batch=4, shape=shape)
 
 
-TINY = PeerSize("tiny", gpu_check.TRAINER_PROMPTS, gpu_check.TRAINER_GROUP,
-                gpu_check.TRAINER_TOKENS, gpu_check.TRAINER_STEPS,
-                trl_micro_batch=gpu_check.TRAINER_PROMPTS * gpu_check.TRAINER_GROUP)
+TINY = PeerSize("tiny", W.TRAINER_PROMPTS, W.TRAINER_GROUP, W.TRAINER_TOKENS, W.TRAINER_STEPS,
+                trl_micro_batch=W.TRAINER_PROMPTS * W.TRAINER_GROUP)
 # TRL: 8 micro-batches of 64 completions (one of 512 would hold 512 x 280 x V bf16 logits, 44 GB).
 QWEN_0_5B_SIZE = PeerSize("qwen2.5-0.5b", 64, 8, 256, 3, trl_micro_batch=64, shape=QWEN_0_5B)
 PEER_SIZES = (TINY, QWEN_0_5B_SIZE)
@@ -78,7 +77,8 @@ assert tuple(s.name for s in PEER_SIZES) == gpu_report.PEER_SIZES
 
 
 def stage_peer(work: Path, options: dict) -> dict:
-    """Both sizes in turn; the result so far is written after each (a timeout keeps it)."""
+    """Each size of ``options["peer_sizes"]`` (default: all) in turn; the result so far is
+    written after each (a timeout keeps it)."""
     import torch
 
     on_gpu = torch.cuda.is_available()
@@ -86,10 +86,11 @@ def stage_peer(work: Path, options: dict) -> dict:
     trainer_file = work / "trainer.json"
     trainer = json.loads(trainer_file.read_text()) if trainer_file.exists() else {}
     result: dict = {"status": "passed", "sizes": []}
-    for size in PEER_SIZES:
+    chosen = options.get("peer_sizes") or [size.name for size in PEER_SIZES]
+    for size in (size for size in PEER_SIZES if size.name in chosen):
         size = size if on_gpu else size.on_cpu()
         result["sizes"].append(compare(work, size, trainer, deadline))
-        gpu_check._write_partial(work, "peer", result)
+        W.write_partial(work, "peer", result)
     if any(s["status"] != "passed" for s in result["sizes"]):
         result["status"] = "failed"
     return result
@@ -116,12 +117,12 @@ def peer_inputs(folder: Path, size: PeerSize, trainer: dict) -> tuple[Path, Path
     """The training prompts and the model of ``size``: the trainer stage's where it ran, else
     built the same way; a shaped size gets random weights with the tiny model's tokenizer."""
     data = Path(trainer["data"]) if trainer.get("data") else (
-        gpu_check.write_arithmetic_jsonl(folder / "train.jsonl", 256))
-    tiny = Path(trainer["model"]) if trainer.get("model") else (
-        gpu_check.build_model(folder / "tiny-model", gpu_check._texts(data), gpu_check.VOCAB))
+        W.write_arithmetic_jsonl(folder / "train.jsonl", 256))
+    tiny = Path(trainer["model"]) if trainer.get("model") else None
     if size.shape is None:
-        return data, tiny
-    return data, shaped_model(folder / f"{size.name}-model", size.shape, tiny)
+        return data, tiny or W.build_model(folder / "tiny-model", W.texts(data), W.VOCAB)
+    tokenizer = tiny or W.tiny_base(folder / "tokenizer", W.texts(data))
+    return data, shaped_model(folder / f"{size.name}-model", size.shape, tokenizer)
 
 
 def shaped_model(out_dir: Path, shape: dict, tokenizer_dir: Path) -> Path:
@@ -135,7 +136,7 @@ def shaped_model(out_dir: Path, shape: dict, tokenizer_dir: Path) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     ids = dict(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
                bos_token_id=None)
-    gpu_check.random_model(out_dir, {**shape, **ids})
+    W.random_model(out_dir, {**shape, **ids})
     torch.cuda.empty_cache()  # the children need the memory, not this process's cache
     tokenizer.save_pretrained(out_dir)
     GenerationConfig(**ids).save_pretrained(out_dir)
@@ -201,7 +202,7 @@ def trl_run(model: Path, data: Path, out: Path, size: PeerSize, use_cpu: bool) -
     prompts = [json.loads(line)["question"] for line in data.read_text().splitlines()]
 
     def reward(completions, **_):
-        return [gpu_check.coin_flip("", "", "", {}) for _ in completions]
+        return [W.coin_flip("", "", "", {}) for _ in completions]
 
     args = GRPOConfig(output_dir=str(out), num_generations=size.group,
                       per_device_train_batch_size=size.trl_micro_batch,
@@ -224,8 +225,8 @@ def run(kind: str, size: PeerSize, model: Path, data: Path, folder: Path, log: P
     on_gpu = torch.cuda.is_available()
     if kind == "trl":
         return trl_run(model, data, folder / "trl", size, use_cpu=not on_gpu)
-    overrides = gpu_check.lze_overrides(size.steps, size.prompts, size.group, size.tokens, on_gpu)
-    return gpu_check.run_lze(folder / "lze", model, data, overrides, log)
+    overrides = W.lze_overrides(size.steps, size.prompts, size.group, size.tokens, on_gpu)
+    return W.run_lze(folder / "lze", model, data, overrides, log)
 
 
 def main(argv=None) -> int:

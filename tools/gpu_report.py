@@ -245,8 +245,9 @@ def _notes(name: str, r: dict) -> str:
                 f"{r.get('skipped', 0)} skipped; backends {','.join(r.get('backends', []))}")
     if name == "install":
         bad = [m for m, v in r.get("imports", {}).items() if not str(v).startswith("ok")]
-        return (f"build {r.get('build_seconds', '?')} s; "
-                + (f"imports failed: {', '.join(bad)}" if bad else "all imports ok"))
+        built = (f"build {r['build_seconds']} s" if "build_seconds" in r
+                 else "the installed packages")
+        return f"{built}; " + (f"imports failed: {', '.join(bad)}" if bad else "all imports ok")
     if name == "sanitizer":
         return "; ".join(f"{tool}: {v.get('summary', '')}" for tool, v in
                          r.get("tools", {}).items())[:160]
