@@ -52,11 +52,12 @@ RULES = (
          "parses its arguments with torch.distributed.run's parser, loads and validates the "
          "config of the overrides for the world size and checks that the data fills a step"),
     Rule("trainer-small", "bash", "model.path=warm:demo",
-         "run by bash after the trainer block (torchrun still the stand-in there), with the real "
-         "torchrun: two steps on one CPU rank (slow)"),
+         "run by bash after the trainer block (its commands skipped there: it defines RUN), with "
+         "the real torchrun: two steps on one CPU rank (slow)"),
     Rule("verl", "bash", "examples/verl/run_lze_grpo.sh",
          "run by bash with python3 a stand-in that records verl's overrides (fast); "
-         "tests/test_verl_readme.py composes them against the installed verl's config"),
+         "tests/test_verl_readme.py composes them against the installed verl's config, "
+         "tests/test_verl_fit.py runs it through verl's first step"),
     Rule("make", "bash", "make demo",
          "each command names a target of the Makefile (fast; the targets are the suite itself)"),
     Rule("bibtex", "bibtex", "@software{",
@@ -89,8 +90,10 @@ def run_bash(script: str, cwd: Path, env: dict | None = None, timeout: float = 3
 
 
 # A stand-in for python3 that prints the arguments verl's launch would get, one a line, instead
-# of starting verl (the example script calls `python3 -m verl.trainer.main_ppo ...`).
-RECORD_PYTHON3 = 'python3() { shift 2; printf "%s\\n" "$@"; }; export -f python3\n'
+# of starting verl (the example script calls `python3 -m verl.trainer.main_ppo ...`); the verl
+# block's install and data lines (pip, python) do nothing here: tests/test_verl_fit.py runs them.
+RECORD_PYTHON3 = ('pip() { :; }; python() { :; }; export -f pip python\n'
+                  'python3() { shift 2; printf "%s\\n" "$@"; }; export -f python3\n')
 
 
 def verl_overrides(verl_block: Block) -> list[str]:

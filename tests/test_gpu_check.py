@@ -154,7 +154,7 @@ def test_long_logs_come_back_as_their_tail(tmp_path, monkeypatch):
 
 
 def test_results_markdown_and_goals(tmp_path):
-    """docs/gpu-results.md from a fake run: machine, every stage, every figure, each goal."""
+    """The report of a fake run: machine, every stage, every figure, each goal."""
     text = gpu_report.render(_results())
     assert "| device | NVIDIA H100 80GB HBM3 (81559 MiB) |" in text
     assert "| python / torch / triton | 3.12.3 / 2.11.0 / 3.6.0 |" in text
@@ -178,33 +178,38 @@ def test_results_markdown_and_goals(tmp_path):
     memory = [g for g in gpu_report.goals(_results()) if g["goal"].startswith("update-only")][0]
     assert memory["met"] is False and "+20%" in memory["measured"]  # 60 vs 50 GiB
     assert met["lze_trainer step / TRL GRPOTrainer step (hf generation, same GPU)"]
-    out = tmp_path / "gpu-results.md"
+    out = tmp_path / "report.md"
     (tmp_path / "run.json").write_text(json.dumps(_results()))
     assert gpu_report.main([str(tmp_path / "run.json"), "-o", str(out)]) == 0
     assert out.read_text() == text
 
 
-def test_shipped_results_are_generated_from_the_shipped_run():
-    """docs/gpu-results.md is the render of docs/gpu-results.json (the run it reports), and the
-    README's goals table is that report's, copied by tools/gpu_report.py."""
-    run = json.loads((ROOT / "docs" / "gpu-results.json").read_text())
-    markdown = gpu_report.render(run)
-    assert (ROOT / "docs" / "gpu-results.md").read_text() == markdown
-    readme = (ROOT / "README.md").read_text()
-    quoted = readme.split(gpu_report.README_BEGIN, 1)[1].split(gpu_report.README_END, 1)[0]
-    assert quoted.strip() == gpu_report.goals_table(markdown)
+def test_runs_of_several_calls_merge_into_one_record(tmp_path):
+    """A run whose peer stage ran out of time after its first size, and a second call that ran the
+    other size: one record with both sizes, the passed stages of the first call, a line per call
+    (tools/gpu_runs.py, what docs/gpu-results.md shows)."""
+    import gpu_runs
 
-
-def test_readme_quote_replaces_what_was_between_the_markers(tmp_path):
-    readme = tmp_path / "README.md"
-    readme.write_text(f"intro\n{gpu_report.README_BEGIN}\nold\n{gpu_report.README_END}\nrest\n")
-    markdown = "# GPU results\n\n## Goals\n\n| goal |\n|---|\n\n## Kernel benchmark\n\nx\n"
-    assert gpu_report.quote_in_readme(markdown, readme)
-    assert readme.read_text() == (f"intro\n{gpu_report.README_BEGIN}\n| goal |\n|---|\n"
-                                  f"{gpu_report.README_END}\nrest\n")
-    plain = tmp_path / "plain.md"
-    plain.write_text("no markers\n")
-    assert not gpu_report.quote_in_readme(markdown, plain)
+    first = _results()
+    first["stages"]["peer"] = {"status": "timeout", "sizes": [
+        {"name": "tiny", "status": "passed", "ratio": 0.3, "lze_step_s": 0.3, "trl_step_s": 1.0,
+         "setting": "16 x 8 x 64"}], "seconds": 100.0}
+    second = {"schema": 1, "started_utc": "2026-12-01 10:20", "budget_s": 300, "elapsed_s": 200.0,
+              "stages": {"preflight": {"status": "passed"}, "peer": {"status": "passed", "sizes": [
+                  {"name": "qwen2.5-0.5b", "status": "passed", "ratio": 0.25, "lze_step_s": 3.0,
+                   "trl_step_s": 12.0, "setting": "64 x 8 x 256"}], "seconds": 150.0}}}
+    (tmp_path / "gpu_check.json").write_text(json.dumps(first))
+    (tmp_path / "peer-0.5b.json").write_text(json.dumps(second))
+    run = gpu_runs.GpuRun(tmp_path)
+    peer = run.results["stages"]["peer"]
+    assert peer["status"] == "passed" and [s["name"] for s in peer["sizes"]] == \
+        list(gpu_report.PEER_SIZES) and peer["seconds"] == 250.0
+    assert run.results["stages"]["trainer"] == first["stages"]["trainer"]
+    assert [line.split(":")[0] for line in run.results["runs"]] == ["gpu_check.json",
+                                                                   "peer-0.5b.json"]
+    assert run.card == "an NVIDIA H100 80GB HBM3" and run.peers["qwen2.5-0.5b"].startswith("0.25x")
+    goals = {g["goal"]: g["met"] for g in run.goals()}
+    assert goals["lze_trainer step / TRL GRPOTrainer step, qwen2.5-0.5b (hf generation, same GPU)"]
 
 
 def test_goals_of_a_run_that_measured_nothing():

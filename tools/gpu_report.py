@@ -1,14 +1,13 @@
-"""docs/gpu-results.md from the JSON of one GPU check (tools/gpu_check.py), and the GPU goals
-judged on it. Standard library only: the check's parent process imports it before
+"""The report of one GPU check (tools/gpu_check.py): its markdown from the check's JSON, and the
+GPU goals judged on it. Standard library only: the check's parent process imports it before
 anything is installed.
 
-    python tools/gpu_report.py gpu_check.json [-o docs/gpu-results.md] [--readme README.md]
+    python tools/gpu_report.py gpu_check.json [-o report.md]
 
-The README quotes the goals table between its ``<!-- gpu goals: begin/end -->`` markers (copied
-here, never typed); the JSON of the run the docs show is kept beside it, docs/gpu-results.json.
-
-Every figure comes from the JSON; a goal whose figure is missing (its stage skipped, failed or
-ran out of time) reads "not measured", never "met".
+The check writes ``gpu_check.md`` with it after every stage; tools/render_docs.py renders the
+docs' runs (docs/gpu-runs/) with it into docs/gpu-results.md. Every figure comes from the JSON; a
+goal whose figure is missing (its stage skipped, failed or ran out of time) reads "not
+measured", never "met".
 """
 
 from __future__ import annotations
@@ -173,7 +172,7 @@ def _peer_goals(peer: dict) -> list[dict]:
 
 def _peer_sizes(peer: dict) -> list[dict]:
     """The peer stage's figures per size, every size of :data:`PEER_SIZES` (a run from before
-    the second size, such as docs/gpu-results.json, has its one size at the top level)."""
+    the second size has its one size at the top level)."""
     if "sizes" not in peer and "ratio" in peer:
         return [peer]
     ran = {size["name"]: size for size in peer.get("sizes", [])}
@@ -347,43 +346,17 @@ def _peer_memory(size: dict) -> list[str]:
             *([] if trl is None else [f"| TRL GRPOTrainer, whole run | {trl:.2f} |"])]
 
 
-README_BEGIN, README_END = "<!-- gpu goals: begin -->", "<!-- gpu goals: end -->"
-GOALS_HEADING = "## Goals"
-
-
-def goals_table(markdown: str) -> str:
-    """The goals table of a rendered report (the lines of its ``## Goals`` section)."""
-    start = markdown.index(GOALS_HEADING) + len(GOALS_HEADING)
-    end = markdown.find("\n## ", start)
-    return markdown[start:end if end >= 0 else len(markdown)].strip()
-
-
-def quote_in_readme(markdown: str, readme: Path) -> bool:
-    """Copy the report's goals table between the README's markers; False without markers."""
-    text = readme.read_text()
-    if README_BEGIN not in text or README_END not in text:
-        return False
-    head, rest = text.split(README_BEGIN, 1)
-    tail = rest.split(README_END, 1)[1]
-    readme.write_text(f"{head}{README_BEGIN}\n{goals_table(markdown)}\n{README_END}{tail}")
-    return True
-
-
 def main(argv=None) -> int:
-    root = Path(__file__).resolve().parents[1]
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("json", type=Path)
-    parser.add_argument("-o", "--output", type=Path, default=root / "docs" / "gpu-results.md")
-    parser.add_argument("--readme", type=Path,
-                        help="also copy the goals table between this README's gpu-goals markers")
+    parser.add_argument("-o", "--output", type=Path, help="the markdown file (default: print it)")
     args = parser.parse_args(argv)
     markdown = render(json.loads(args.json.read_text()))
-    args.output.write_text(markdown)
-    print(f"wrote {args.output}")
-    if args.readme is not None:
-        if not quote_in_readme(markdown, args.readme):
-            parser.error(f"--readme: {args.readme} has no {README_BEGIN} ... {README_END} markers")
-        print(f"quoted the goals in {args.readme}")
+    if args.output is None:
+        print(markdown, end="")
+    else:
+        args.output.write_text(markdown)
+        print(f"wrote {args.output}")
     return 0
 
 

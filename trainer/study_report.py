@@ -670,8 +670,8 @@ def _setup_lines(rows, runs: dict[str, list[Path]], baseline: str,
                      f"all right, {100 * share['all_wrong']:.0f} % all wrong; mean over its "
                      "seeds).")
     if walls:
-        lines.append(f"The runs took {sum(walls) / 60:.0f} min in all on this machine "
-                     f"({len(walls)} runs, start-up and evaluation included).")
+        lines.append(f"The runs took {sum(walls) / 60:.0f} min in all, one after another on one "
+                     f"machine ({len(walls)} runs, start-up and evaluation included).")
     return lines + _steadiness_lines(rows.get(baseline, [])) + [""]
 
 

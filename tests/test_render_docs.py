@@ -1,0 +1,164 @@
+"""Every figure of the README and docs is rendered from a results file (tools/render_docs.py): the
+rendered blocks and pages are current, a planted stale block, a changed results file and a block
+that does not name its source's commit and machine all fail, and no page has a figure in its prose
+outside a rendered block, except the pages and sections listed here with the reason."""
+
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+import render_docs  # noqa: E402
+
+# Pages whose figures are not this renderer's: another worker's page, a page written whole by
+# another generator, or a design note that records exploratory runs whose outputs are not kept
+# (their figures are history, not claims the README makes). Each with its reason.
+NOT_RENDERED = {
+    "docs/kernels.md": "the kernels' page (its owner renders its figures)",
+    "docs/spec.md": "the specification: defaults and known values, not measurements",
+    "docs/verl.md": "the verl integration's page (its owner renders its figures)",
+    "docs/testing.md": "make test's page (its owner)",
+    "docs/study-task.md": "design note: the exploratory runs that chose the study's task",
+    "docs/study-speed.md": "design note: SPEED's exploratory runs",
+    "docs/dots-predictor.md": "design note: DOTS's predictor on an earlier version of the task",
+    "docs/demo-notes.md": "design note: how the demo's recipe was found",
+    "docs/demo.md": "the demo's two runs (make demo), whose run folders are not kept",
+    "docs/study-overview.md": "the study's findings in words, quoting its generated reports",
+}
+# Figures in prose that are settings, targets or arithmetic, not measurements: (page, text).
+NOT_MEASURED = {
+    ("README.md", "0.58x"): "the verl integration's row of the table (its owner's text)",
+    ("docs/methods.md", "0.4 x"): "published LZE's fixed keep ratio",
+    ("docs/methods.md", "40 %"): "the LZE paper's keep ratio",
+    ("docs/trainer.md", "30 s"): "torchrun's default shutdown timeout",
+    ("docs/gpu-memory.md", "*"): "the arithmetic of the update's memory (tests/test_memory_bounds.py)",
+    ("docs/install.md", "500 MB"): "the size of a vllm wheel on PyPI",
+    ("docs/trl.md", "1 GiB"): "a setting of the test's vLLM engines",
+    ("docs/figure-templates.toml", "90 %"): "the study's target: 90 % of plain GRPO's gain",
+}
+
+
+def test_every_rendered_block_and_page_is_current():
+    """`python tools/render_docs.py` leaves nothing to change."""
+    assert render_docs.stale(ROOT) == []
+
+
+def copy_of_the_pages(dest: Path) -> Path:
+    """What rendering reads and writes, in a folder of its own."""
+    shutil.copy(ROOT / "README.md", dest / "README.md")
+    shutil.copytree(ROOT / "docs", dest / "docs", ignore=shutil.ignore_patterns("*.png", "*.csv"))
+    shutil.copytree(ROOT / "benchmarks" / "results", dest / "benchmarks" / "results")
+    return dest
+
+
+def test_a_planted_stale_block_fails(tmp_path):
+    """A figure changed by hand inside a rendered block, and a generated page edited by hand, are
+    each named with their line."""
+    root = copy_of_the_pages(tmp_path)
+    readme = root / "README.md"
+    text = readme.read_text()
+    block = text[text.index("<!-- render: @readme-measured -->"):]
+    figure = re.search(r"\d\.\d\dx", block).group()
+    readme.write_text(text.replace(figure, "9.99x", 1))
+    results = root / "docs" / "gpu-results.md"
+    results.write_text(results.read_text().replace("| passed |", "| failed |", 1))
+    found = render_docs.stale(root)
+    line = readme.read_text().count("\n", 0, readme.read_text().index("9.99x")) + 1
+    assert f"README.md:{line} is stale (python tools/render_docs.py)" in found
+    assert any(f.startswith("docs/gpu-results.md:") for f in found) and len(found) == 2
+    assert render_docs.main_check(root) == 1
+
+
+def test_a_results_file_changed_without_its_record_fails(tmp_path):
+    root = copy_of_the_pages(tmp_path)
+    results = root / "benchmarks" / "results" / "trl_peer.md"
+    results.write_text(results.read_text().replace("0.84x", "0.48x"))
+    with pytest.raises(render_docs.RenderError, match="trl_peer.md changed since"):
+        render_docs.load_sources(root)
+
+
+def test_recording_a_results_file_names_its_commit_and_machine(tmp_path):
+    root = copy_of_the_pages(tmp_path)
+    results = root / "benchmarks" / "results" / "step_cpu.md"
+    results.write_text("| case | time |\n|---|---:|\n| fused | 1.5 ms |\n")
+    name = render_docs.record("benchmarks/results/step_cpu.md", None, "abc1234", None, root=root)
+    source = render_docs.load_sources(root)[name]
+    assert name == "step_cpu" and source.at == f"at `abc1234` on {render_docs.describe_cpu()}"
+    assert render_docs.describe_cpu().endswith("CPU") and source["fused"]["time"] == "1.5 ms"
+
+
+def test_a_block_must_name_what_it_reads(tmp_path):
+    sources = render_docs.load_sources(ROOT)
+    with pytest.raises(render_docs.RenderError, match="reads trl_peer without naming"):
+        render_docs.render_template("{trl_peer[trl LZEGRPOTrainer][ratio]}", sources, "x.md:1")
+    assert render_docs.render_template(
+        "{trl_peer[trl LZEGRPOTrainer][ratio]} ({trl_peer.at})", sources, "x.md:1") == \
+        "0.84x (at `a2423ce` on a 2-core x86-64 CPU)"
+    with pytest.raises(render_docs.RenderError, match="2 rows labelled"):
+        render_docs.parse_tables("| a | b |\n|---|---|\n| x | 1 |\n| x | 2 |\n")[0]["x"]
+
+
+def test_tables_are_read_by_row_label_and_column():
+    (table,) = render_docs.parse_tables("text\n\n| trainer | method | step |\n|---|---|---:|\n"
+                                        "| v1 | GRPO | 1.0 s |\n| v1 | LZE | 0.6 s |\n")
+    assert table["v1 LZE"]["step"] == "0.6 s" and table[0][1] == "GRPO"
+    with pytest.raises(render_docs.RenderError, match="no column 'steps'"):
+        table["v1 GRPO"]["steps"]
+
+
+def test_rendered_prose_is_wrapped_without_splitting_a_figure():
+    text = "word " * 20 + "0.29 % and `make test-gpu GPU_REPORT=x` " + "word " * 20
+    lines = render_docs.wrap(text, width=40).splitlines()
+    assert all(len(line) <= 40 or "`" in line for line in lines)
+    assert any("0.29 %" in line for line in lines) and any("`make test-gpu GPU_REPORT=x`" in line
+                                                           for line in lines)
+    table = "| a |\n|---|\n| " + "x " * 40 + "|"
+    assert render_docs.wrap(table, width=20) == table
+
+
+def _exempt(page: str, figure: str) -> bool:
+    return (page, figure) in NOT_MEASURED or (page, "*") in NOT_MEASURED
+
+
+def test_no_figure_in_prose_without_a_source():
+    """Outside rendered blocks, code and the sections typed until their results file exists, no
+    page states a measured figure (a number with a unit of time, memory or share, or a ratio);
+    templates' own text states none either."""
+    found = []
+    for page in render_docs.pages(ROOT):
+        name = page.relative_to(ROOT).as_posix()
+        if name in render_docs.GENERATED or name in NOT_RENDERED:
+            continue
+        found += [f"{name}:{line}: {figure}" for line, figure in render_docs.unsourced(
+            page.read_text()) if not _exempt(name, figure)]
+    templates = render_docs.tomllib.loads((ROOT / render_docs.TEMPLATES).read_text())
+    for name, template in templates.items():
+        literal = re.sub(r"\{[^{}]*\}", "", template)
+        found += [f"{render_docs.TEMPLATES} {name}: {figure}" for _, figure in
+                  render_docs.unsourced(literal) if not _exempt(render_docs.TEMPLATES, figure)]
+    assert found == []
+
+
+def test_typed_sections_wait_for_a_results_file_that_does_not_exist_yet():
+    """A section typed until its results file exists must be rendered once it does."""
+    for page in render_docs.pages(ROOT):
+        for path in re.findall(r"<!-- typed until (\S+) -->", page.read_text()):
+            assert not (ROOT / path).exists(), f"{page.name}: render the section from {path}"
+
+
+def test_figures_are_found_in_prose():
+    text = ("It took 1.5 ms, 0.84x and 2 %, at B = 65,536.\n```\n3.2 s in code\n```\n"
+            "<!-- render: {x} -->4.5 GiB<!-- end render --> `7 s inline`\n")
+    assert [figure for _, figure in render_docs.unsourced(text)] == ["1.5 ms", "0.84x", "2 %"]
+    typed = "<!-- typed until a.md -->\n9 ms\n<!-- end typed -->\nthen 8 ms\n"
+    assert [figure for _, figure in render_docs.unsourced(typed)] == ["8 ms"]
+
+
+def test_every_page_the_renderer_writes_is_listed_and_generated():
+    for name in render_docs.PAGES:
+        assert name in render_docs.GENERATED
+        assert "do not edit by hand" in (ROOT / name).read_text()
