@@ -28,7 +28,8 @@ from conftest import advantage_error_bound, assert_within
 from lze_kernels import LZEConfig, LZESelector
 from lze_kernels.config import num_keep
 from lze_kernels.integrations.verl import LZEAdvantage, group_by_uid
-from lze_kernels.integrations.verl.minibatch import group_unit, keep_count, leading_groups_near
+from lze_kernels.integrations.verl.minibatch import (group_unit, groups_to_train, keep_count,
+                                                   leading_groups_near, no_selection_warning)
 from lze_kernels.layout import SEEN
 
 
@@ -414,8 +415,10 @@ def test_keep_count_follows_keep_ratio_within_half_a_unit(data_parallel, rollout
                                                           prefix_grouper):
     """Every set-up plain GRPO accepts (B a multiple of ppo_mini_batch_size, whose rows divide
     among the ranks; with the prefix grouper, B a multiple of the ranks): k is whole mini-batches
-    verl can split, never refused, and within half a unit of floor(B x keep_ratio), or one unit
-    where floor(B x keep_ratio) is under half of one."""
+    verl can split, never refused, and the bound docs/verl.md states, exactly as keep_count
+    computes it: within half a unit of k0 = floor(B x keep_ratio) where
+    unit / 2 <= k0 < (units + 1/2) x unit, else one unit (below) or every whole unit (above);
+    measured from B x keep_ratio, within half a unit plus one group."""
     checked = 0
     for batch in (8, 64, 96, 1024):
         for mini in (m for m in range(1, batch + 1) if batch % m == 0):
@@ -428,9 +431,32 @@ def test_keep_count_follows_keep_ratio_within_half_a_unit(data_parallel, rollout
                 assert kept % mini == 0 and (kept * rollout_n) % data_parallel == 0
                 assert not prefix_grouper or kept % data_parallel == 0
                 assert unit <= kept <= batch and kept % unit == 0
-                assert abs(kept - target) <= unit / 2 or (kept == unit and target < unit / 2)
+                units = batch // unit
+                if unit / 2 <= target < (units + 0.5) * unit:
+                    assert abs(kept - target) <= unit / 2
+                    assert abs(kept - batch * ratio) < unit / 2 + 1
+                else:
+                    assert kept == (unit if target < unit / 2 else units * unit)
                 checked += 1
     assert checked > 100
+
+
+def test_the_bound_from_b_times_keep_ratio_includes_the_floor():
+    """B = 30, a unit of 3, keep_ratio 0.165: B x keep_ratio = 4.95, k0 = 4 rounds to 3, 1.95
+    groups from B x keep_ratio (more than half a unit, less than half a unit plus one)."""
+    kept = keep_count(30, 0.165, 3)
+    assert kept == 3 and 1.5 < abs(kept - 30 * 0.165) < 1.5 + 1
+
+
+@pytest.mark.parametrize("method, batch, unit, says", [
+    ("lze", 8, 2, False), ("lze", 8, 8, True), ("lze", 2, 2, True), ("lze", 3, 4, True),
+    ("dapo", 8, 2, False), ("dapo", 8, 8, True)])
+def test_no_selection_is_said_where_k_is_every_group(method, batch, unit, says):
+    message = no_selection_warning(method, batch, 0.5, unit)
+    assert (message is not None) == says
+    assert says == (groups_to_train(method, batch, 0.5, 0, unit) == batch)
+    if says:
+        assert "lze/keep_ratio_effective = 1.0" in message and "ppo_mini_batch_size" in message
 
 
 def test_keep_count_at_b_1024_and_mini_batches_of_256():

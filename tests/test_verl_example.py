@@ -8,6 +8,8 @@ import shlex
 import subprocess
 from pathlib import Path
 
+import numpy as np
+
 import pytest
 
 pytest.importorskip("verl")
@@ -16,6 +18,7 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 
 from lze_kernels.integrations.verl import checkpoint  # noqa: E402
 from lze_kernels.integrations.verl.replay_buffer import LZEReplayBuffer  # noqa: E402
+from lze_kernels.integrations.verl.rows import RowTable  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "verl" / "run_lze_grpo.sh"
@@ -47,6 +50,16 @@ def composed(overrides):
         return compose(config_name="ppo_trainer", overrides=overrides)
 
 
+class TrainSet:
+    """A train set of ``size`` rows whose extra_info.index are their rows, as the buffer sees it."""
+
+    def __init__(self, size):
+        self.rows = RowTable(np.arange(size))
+
+    def __len__(self):
+        return len(self.rows)
+
+
 def built_buffer(config):
     """What verl's PPOTrainer._build_replay_buffer passes to a custom sampler."""
     sampler = config.trainer.v1.sampler
@@ -63,7 +76,9 @@ def test_example_script_composes_and_builds_the_buffer(forward, mode):
     assert config.trainer.use_v1 and config.trainer.v1.trainer_mode == "sync"
     try:
         buffer = built_buffer(config)
-        assert buffer.selector.num_prompts == 7473 and buffer.keep_ratio == 0.5
+        assert buffer.num_prompts is None and buffer.keep_ratio == 0.5  # the train set's size
+        buffer.use_train_set(TrainSet(7473))  # LZERLHFDataset reports it when verl loads it
+        assert buffer.selector.num_prompts == 7473
         assert buffer.mode == mode and (buffer.forward is not None) == bool(forward)
         assert config.data.custom_cls.name == "LZERLHFDataset"
         assert config.data.dataloader_num_workers == 0
@@ -73,6 +88,12 @@ def test_example_script_composes_and_builds_the_buffer(forward, mode):
     finally:
         checkpoint.unregister("replay_buffer")
         checkpoint.unregister(checkpoint.FORWARD)
+
+
+def test_example_script_passes_num_prompts_only_when_set():
+    key = "+trainer.v1.sampler.sampler_kwargs.num_prompts="
+    assert not [o for o in script_overrides() if o.startswith(key)]
+    assert f"{key}7473" in script_overrides(NUM_PROMPTS="7473")
 
 
 def test_example_script_passes_the_method():

@@ -96,6 +96,8 @@ def trainer_without_workers(dp_size=2, dataloader=None, **config):
     trainer.actor_rollout_wg = NoWorkers()
     trainer.use_critic = trainer.use_rm = False
     trainer._rows_by_uid = {}
+    trainer._validating = False
+    trainer.rows = None  # no train set: the rows are not checked against one
     trainer.global_steps = 0
     return trainer
 
@@ -669,3 +671,97 @@ def test_a_crafted_selection_file_is_refused_and_never_runs(tmp_path, registered
     with pytest.raises(UnsafeStateFileError, match="builtins.exec"):
         resumed._load_checkpoint()
     assert not marker.exists()
+
+
+# ----------------------------------------------------------------------------- one step a batch
+
+
+def test_the_selector_steps_once_per_batch_whatever_raises_after_it(registered, monkeypatch):
+    """The selector's step and the use of the step's binding commit together: a forward sampler
+    whose observe fails after the selector stepped leaves the step taken and the binding used,
+    so a retry of _balance_batch on the same batch is refused instead of stepping the selector
+    a second time. An observation the sampler refuses is found before the step: nothing
+    changes, the binding stays for the retry."""
+    lze = LZEAdvantage(NUM_PROMPTS, CONFIG)
+    sampler = ForwardSampler(NUM_PROMPTS, BATCH, "greso", greso=GresoFilter(NUM_PROMPTS))
+    trainer = trainer_without_workers(dataloader=loader(sampler), estimator=registered(lze))
+    batch = fit_batch(trainer, [0, 1, 2, 4, 3, 2, 1, 3], [5, 0, 9, 2, 7, 3, 11, 6])
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("the sampler failed after the selection")
+
+    monkeypatch.setattr(sampler, "observe", fails)
+    with pytest.raises(RuntimeError, match="after the selection"):
+        trainer._balance_batch(batch, metrics={})
+    assert int(lze.selector.state.step_counter[0]) == 1
+    with pytest.raises(ValueError, match="selects once per step"):
+        trainer._balance_batch(batch, metrics={})
+    assert int(lze.selector.state.step_counter[0]) == 1
+
+    small = ForwardSampler(8, BATCH, "greso", greso=GresoFilter(8))  # rows 9 and 11 out of range
+    trainer = trainer_without_workers(dataloader=loader(small, num_prompts=8),
+                                      estimator=registered(LZEAdvantage(NUM_PROMPTS, CONFIG)))
+    batch = fit_batch(trainer, [0, 1, 2, 4, 3, 2, 1, 3], [5, 0, 9, 2, 7, 3, 11, 6])
+    estimator = core_algos.get_adv_estimator_fn(trainer.config.algorithm.adv_estimator)
+    with pytest.raises(ValueError, match="prompt_ids"):
+        trainer._balance_batch(batch, metrics={})
+    assert int(estimator.selector.state.step_counter[0]) == 0 and trainer._rows_by_uid
+
+
+def test_validation_batches_are_not_bound(registered):
+    """verl's _validate runs _get_gen_batch on validation batches (their rows may carry no
+    extra_info.index): the trainer leaves the step's binding alone while it validates."""
+    trainer = trainer_without_workers(estimator=registered(LZEAdvantage(12, CONFIG)))
+    trainer._validating = True
+    unindexed = DataProto.from_dict({"input_ids": torch.zeros(2, 3, dtype=torch.long)},
+                                    non_tensors={"uid": np.array(["a", "b"], dtype=object)})
+    trainer._get_gen_batch(unindexed)
+    assert trainer._rows_by_uid == {}
+
+
+# ----------------------------------------------------------------------------- the train set
+
+
+def train_set(files, custom=True):
+    """verl's create_rl_dataset over ``files`` (LZERLHFDataset, or verl's own RLHFDataset)."""
+    from verl.trainer.ppo.utils import create_rl_dataset
+
+    cls = {"path": "pkg://lze_kernels.integrations.verl.checkpoint", "name": "LZERLHFDataset"}
+    config = OmegaConf.create({"train_files": [str(f) for f in files],
+                               "filter_overlong_prompts": False,
+                               "custom_cls": cls if custom else {"path": None, "name": None}})
+    return create_rl_dataset(config.train_files, config, None, None)
+
+
+def test_the_train_set_keys_prompts_by_row_checked_at_start_up(tmp_path, registered, caplog):
+    """Two train files whose extra_info.index both restart at 0: verl's own RLHFDataset would
+    hand the selection index 0-5 twice (two prompts' histories merged), so LZERayPPOTrainer
+    refuses it at start-up with the fix; LZERLHFDataset hands each prompt its row (0-11, the
+    position verl's samplers yield), extra_info untouched, and says at load that the two
+    numberings differ. The selection parts must be sized to the train set."""
+    from verl_cpu import task
+
+    from lze_kernels.integrations.verl.legacy import check_train_set
+
+    first = task.write_dataset(tmp_path / "a.parquet", 12, rows=list(range(6)))
+    second = task.write_dataset(tmp_path / "b.parquet", 12, rows=list(range(6, 12)),
+                                indices=list(range(6)))
+    batches = types.SimpleNamespace(sampler=None, batch_size=4)
+    with pytest.raises(ValueError, match=r"train_dataset: .*6 repeat an extra_info\.index"
+                                         r".*data\.custom_cls\.name=LZERLHFDataset"):
+        check_train_set(train_set([first, second], custom=False), batches,
+                        LZEAdvantage(12, CONFIG))
+    check_train_set(train_set([first], custom=False), batches, LZEAdvantage(6, CONFIG))
+    with caplog.at_level("WARNING"):
+        rows = train_set([first, second])
+    assert "extra_info.index differs" in caplog.text
+    assert check_train_set(rows, batches, LZEAdvantage(12, CONFIG)).source_index.tolist() == (
+        list(range(6)) * 2)
+    assert [rows[i]["index"] for i in range(12)] == list(range(12))
+    assert [rows[i]["extra_info"]["index"] for i in range(12)] == list(range(6)) * 2
+    with pytest.raises(ValueError, match=r"num_prompts: .*the train set 12.*num_prompts 16"):
+        check_train_set(rows, batches, LZEAdvantage(16, CONFIG))
+    sampler = ForwardSampler(12, 6, "greso", greso=GresoFilter(12))
+    with pytest.raises(ValueError, match="train_sampler: its batch_size is 6"):
+        check_train_set(rows, types.SimpleNamespace(sampler=sampler, batch_size=4),
+                        LZEAdvantage(12, CONFIG))

@@ -14,6 +14,7 @@ dataloader, rolled out to groups of known rewards).
 import os
 import types
 import uuid
+import warnings
 
 import numpy as np
 import pytest
@@ -100,12 +101,16 @@ class UpdateShape:
 
     _get_required_batch_multiple = PPOTrainerSync._get_required_batch_multiple
 
-    def __init__(self, rollouts, mini_batch, data_parallel):
+    def __init__(self, rollouts, mini_batch, data_parallel, train_batch=16):
         self.rollouts = rollouts
         self.config = OmegaConf.create({
             "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": mini_batch},
                                   "rollout": {"n": GROUP}},
-            "trainer": {"critic_warmup": 0}})
+            "trainer": {"critic_warmup": 0},
+            "reward": {"reward_model": {"enable": False}},
+            "data": {"train_batch_size": train_batch, "dataloader_num_workers": 0,
+                     "custom_cls": {"path": "pkg://lze_kernels.integrations.verl.checkpoint",
+                                    "name": "LZERLHFDataset"}}})
         self.use_critic, self.global_steps = False, 1
         self.actor_rollout_wg = types.SimpleNamespace(
             _dispatch_info={"actor": list(range(data_parallel))})
@@ -178,16 +183,21 @@ def test_topk_keeps_whole_mini_batches_of_the_update(transfer_queue, batch_size,
     """The buffer reads the rows verl's update takes without padding (the trainer's own
     _get_required_batch_multiple at its data-parallel size) and keeps floor(K x keep_ratio)
     groups rounded to the nearest whole number of mini-batches; the step logs the effective
-    ratio."""
+    ratio. Where that is every group (one mini-batch holds the whole batch), the buffer warns
+    when it is built, before any step."""
     rollouts = Rollouts(order=list(range(batch_size)))
-    shape = UpdateShape(rollouts, mini_batch, data_parallel)
-    rb = buffer(rollouts, refill_fn=shape._add_prompts_to_generate, num_prompts=batch_size,
-                lze={"keep_ratio": keep_ratio, "noise_scale": 0.0})
+    shape = UpdateShape(rollouts, mini_batch, data_parallel, batch_size)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rb = buffer(rollouts, refill_fn=shape._add_prompts_to_generate, num_prompts=batch_size,
+                    lze={"keep_ratio": keep_ratio, "noise_scale": 0.0})
+    said = [str(w.message) for w in caught if "selects nothing" in str(w.message)]
+    assert len(said) == (kept == batch_size)
     rollouts.dispatch(batch_size)
     batch, metrics = rb.sample(global_steps=1, partition_id="train", batch_size=batch_size)
     assert metrics["lze/kept_groups"] == kept and len(batch.keys) == kept * GROUP
     assert metrics["lze/keep_ratio_effective"] == kept / batch_size
-    assert abs(kept / batch_size - keep_ratio) <= mini_batch / batch_size / 2 or kept == mini_batch
+    assert abs(kept - num_keep(batch_size, keep_ratio)) <= mini_batch / 2 or kept == mini_batch
     assert len(batch.keys) % shape._get_required_batch_multiple(data_parallel) == 0
     clear_train_partition()
 
@@ -536,3 +546,181 @@ def test_verls_create_rl_dataset_builds_the_dataset_class(tmp_path):
             "data.custom_cls.name=LZERLHFDataset"])
     dataset = create_rl_dataset(config.data.train_files, config.data, None, None)
     assert isinstance(dataset, LZERLHFDataset) and len(dataset) == 5 and dataset.is_train
+
+
+# ----------------------------------------------------------------------------- set-ups
+
+
+def verl_config(**changes):
+    """The parts of verl's config the buffer reads at start-up (its trainer's)."""
+    config = OmegaConf.create({
+        "reward": {"reward_model": {"enable": False, "enable_resource_pool": False}},
+        "data": {"train_batch_size": 8, "dataloader_num_workers": 0,
+                 "custom_cls": {"path": "pkg://lze_kernels.integrations.verl.checkpoint",
+                                "name": "LZERLHFDataset"}},
+        "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": 2}, "rollout": {"n": GROUP}}})
+    for key, value in changes.items():
+        OmegaConf.update(config, key, value)
+    return config
+
+
+class Trainer:
+    """verl's v1 trainer as the buffer sees it at start-up: its config, through refill_fn."""
+
+    def __init__(self, config):
+        self.config = config
+
+    def _add_prompts_to_generate(self, count):
+        return count
+
+
+def built(config, **options):
+    try:
+        return buffer(Rollouts([]), refill_fn=Trainer(config)._add_prompts_to_generate,
+                      **options)
+    finally:
+        checkpoint.unregister("replay_buffer")
+
+
+def test_setups_the_selection_cannot_serve_are_refused_at_start_up():
+    """A colocated reward model (v1 scores after sample(): nothing to select on), a dataset
+    class other than LZERLHFDataset, dataloader workers: refused when verl builds the buffer,
+    each naming the setting and the way out."""
+    with pytest.raises(ValueError, match=r"reward_model\.enable_resource_pool.*legacy"):
+        built(verl_config(**{"reward.reward_model.enable": True}))
+    built(verl_config(**{"reward.reward_model.enable": True,
+                         "reward.reward_model.enable_resource_pool": True}))  # scored in time
+    with pytest.raises(ValueError, match=r"data\.custom_cls.*LZERLHFDataset"):
+        built(verl_config(**{"data.custom_cls.path": None}))
+    with pytest.raises(ValueError, match="dataloader_num_workers"):
+        built(verl_config(**{"data.dataloader_num_workers": 2}))
+
+
+@pytest.mark.parametrize("changes, sync_step, warned", [
+    ({}, 1, False),  # B = 8, mini-batches of 2: k = 4
+    ({"data.train_batch_size": 2}, 1, True),  # one mini-batch holds the whole batch
+    ({"actor_rollout_ref.actor.ppo_mini_batch_size": 8}, 1, True),
+    ({}, 4, True)])  # parameter_sync_step 4: samples of 2 groups, one mini-batch each
+def test_selection_that_cannot_act_warns_at_start_up(changes, sync_step, warned):
+    """Where every group would be kept (k rounds up to all of a sample's whole mini-batches),
+    building the buffer warns, naming what to change; the steps then log
+    lze/keep_ratio_effective = 1.0."""
+    trainer = Trainer(verl_config(**changes))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            LZEReplayBuffer("sync", OmegaConf.create({"parameter_sync_step": sync_step}), None,
+                            "drop", OmegaConf.create({"num_prompts": NUM_PROMPTS}),
+                            refill_fn=trainer._add_prompts_to_generate)
+        finally:
+            checkpoint.unregister("replay_buffer")
+    said = [str(w.message) for w in caught if "selects nothing" in str(w.message)]
+    assert len(said) == warned
+    if warned:
+        assert "lze/keep_ratio_effective = 1.0" in said[0] and "ppo_mini_batch_size" in said[0]
+
+
+class TrainSet:
+    """What LZERLHFDataset reports: its size and each row's extra_info.index."""
+
+    def __init__(self, source_index):
+        from lze_kernels.integrations.verl.rows import RowTable
+
+        self.rows = RowTable(np.array(source_index, dtype=np.int64))
+
+    def __len__(self):
+        return len(self.rows)
+
+
+def test_num_prompts_comes_from_the_train_set_or_is_checked_against_it():
+    """Left out, num_prompts is the train set's size (the selector is built then, and a state
+    restored before takes effect); given, it must be that size."""
+    rb = buffer(Rollouts([]), lze={"keep_ratio": 0.5}, num_prompts=None)
+    try:
+        assert rb.selector is None
+        state = LZESelector(6, LZEConfig(keep_ratio=0.5)).state_dict()
+        state["step_counter"] += 3
+        rb.load_state_dict({"selector": state})
+        rb.use_train_set(TrainSet(range(6)))
+        assert rb.selector.num_prompts == 6 and int(rb.selector.state.step_counter[0]) == 3
+        with pytest.raises(ValueError, match=r"num_prompts: 16 given.*7 rows"):
+            buffer(Rollouts([]), num_prompts=16).use_train_set(TrainSet(range(7)))
+    finally:
+        checkpoint.unregister("replay_buffer")
+
+
+def put_groups(rows, pass_counts, extra_index=None, step=1):
+    """Finished groups as the agent loop stores them, with extra_info."""
+    uids = [uuid.uuid4().hex for _ in rows]
+    tq.kv_batch_put(keys=uids, partition_id="train", tags=[
+        {"is_prompt": True, "status": "finished", "global_steps": step} for _ in rows])
+    keys, fields = [], []
+    for i, (uid, row, count) in enumerate(zip(uids, rows, pass_counts)):
+        index = row if extra_index is None else extra_index[i]
+        for session in range(GROUP):
+            reward = torch.zeros(3)
+            reward[-1] = float(session < count)
+            keys.append(f"{uid}_{session}_0")
+            fields.append({"rm_scores": reward, "index": row,
+                           "extra_info": {"index": index, "split": "train"}})
+    tq.kv_batch_put(keys=keys, partition_id="train", fields=list_of_dict_to_tensordict(fields),
+                    tags=[{"status": "success", "global_steps": step}] * len(keys))
+
+
+def test_rows_are_checked_against_extra_info_index_every_step(transfer_queue):
+    """Two files whose indices both restart at 0: the train set's rows 0-3 carry
+    extra_info.index 0, 1, 0, 1. Trajectories whose rows agree with that are selected; a
+    trajectory whose row is not its prompt's position (row 1 with the extra_info.index of
+    row 2) is refused naming the fix, the selector untouched."""
+    rb = buffer(Rollouts([]), lze={"keep_ratio": 0.5, "noise_scale": 0.0})
+    try:
+        rb.use_train_set(TrainSet([0, 1, 0, 1] + list(range(2, NUM_PROMPTS - 2))))
+        put_groups([0, 1, 2, 3], [1, 2, 3, 1], extra_index=[0, 1, 0, 1])
+        batch, _ = rb.sample(global_steps=1, partition_id="train", batch_size=4)
+        assert int(rb.selector.state.step_counter[0]) == 1
+        clear_train_partition()
+        put_groups([0, 1, 2, 3], [1, 2, 3, 1], extra_index=[0, 0, 0, 1], step=2)
+        with pytest.raises(ValueError, match=r"row 1 carries extra_info\.index 0.*custom_cls"):
+            rb.sample(global_steps=2, partition_id="train", batch_size=4)
+        assert int(rb.selector.state.step_counter[0]) == 1
+    finally:
+        clear_train_partition()
+        checkpoint.unregister("replay_buffer")
+
+
+def test_refill_that_runs_out_of_rounds_says_which_setting(transfer_queue):
+    """Every group all right (no energy, equal rewards) for max_rounds rounds: ValueError naming
+    sampler_kwargs.max_rounds; the rolled-out groups leave TransferQueue."""
+    rollouts = Rollouts(order=[4, 9, 14, 4, 9, 14, 4, 9])  # pass count 4 of 4: always solved
+    rb = buffer(rollouts, mode="refill", max_rounds=2, lze={"keep_ratio": 0.5})
+    try:
+        rollouts.dispatch(2)
+        with pytest.raises(ValueError, match=r"sampler_kwargs\.max_rounds: no group.*2 rounds"):
+            rb.sample(global_steps=1, partition_id="train", batch_size=2)
+        assert not tq.kv_list("train").get("train")
+    finally:
+        clear_train_partition()
+        checkpoint.unregister("replay_buffer")
+
+
+@pytest.mark.parametrize("order, trained", [
+    ([0, 4, 9, 14, 4, 9, 14, 4], [0, 4]),  # 1 group can learn: filled to one unit of 2
+    ([0, 1, 2, 4, 9, 14, 4, 9, 14, 4, 9, 14], [0, 1])])  # 3 can: cut to one unit
+def test_a_short_refill_batch_trains_short_in_whole_mini_batches(transfer_queue, order, trained):
+    """K = 4 wanted, mini-batches of 2 groups (dp 2), one round: fewer groups with energy than
+    K. The batch is whole mini-batches (no padding rows v1 would add): the kept groups cut to
+    whole units, or one unit filled with the best of the others."""
+    rollouts = Rollouts(order=list(order))
+    shape = UpdateShape(rollouts, 2, 2, train_batch=4)
+    rb = buffer(rollouts, refill_fn=shape._add_prompts_to_generate, mode="refill", max_rounds=1,
+                num_prompts=NUM_PROMPTS, lze={"keep_ratio": 0.5, "noise_scale": 0.0})
+    try:
+        rollouts.dispatch(4)
+        batch, metrics = rb.sample(global_steps=1, partition_id="train", batch_size=4)
+        assert metrics["lze/kept_groups"] == 2 and len(batch.keys) == 2 * GROUP
+        assert batch_rows(batch) == trained
+        assert len(batch.keys) % shape._get_required_batch_multiple(2) == 0
+        assert sorted(tq.kv_list("train")["train"]) == sorted(batch.keys)
+    finally:
+        clear_train_partition()
+        checkpoint.unregister("replay_buffer")

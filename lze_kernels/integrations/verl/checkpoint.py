@@ -1,4 +1,10 @@
-"""The v1 selection state inside verl's own checkpoint (``global_step_N/data.pt``).
+"""The verl train set the selection keys prompts by, and the v1 selection state inside verl's own
+checkpoint (``global_step_N/data.pt``).
+
+:class:`LZERLHFDataset` (``data.custom_cls``, both trainers) is verl's ``RLHFDataset`` whose items
+carry their row in the train set (after the files are joined and filtered) as ``index``, with
+each row's ``extra_info.index`` read at load (:class:`~.rows.RowTable`) for the selection to check
+every step's rows against.
 
 Both verl trainers save ``train_dataloader.state_dict()`` to ``data.pt``; v1's loader restores it
 at every step (the legacy loader skips it at an epoch boundary, so
@@ -6,11 +12,10 @@ at every step (the legacy loader skips it at an epoch boundary, so
 ``StatefulDataLoader`` puts the dataset's ``state_dict()`` into that state when the dataset has
 one, and gives it back through ``load_state_dict`` when the next epoch iterator is made (on
 resume: before the first batch, so before the first selection; a state saved at the end of an
-epoch comes back the same way). :class:`LZERLHFDataset` (``data.custom_cls``) is verl's
-``RLHFDataset`` with that state: the state of the selection parts registered in this process
-(:func:`register`: the v1 replay buffer and its forward sampler), so the selector's history
-resumes exactly with the weights and the dataloader. A part registered after a restore gets its
-state on registration.
+epoch comes back the same way). :class:`LZERLHFDataset`'s state is the state of the selection
+parts registered in this process (:func:`register`: the v1 replay buffer and its forward
+sampler), so the selector's history resumes exactly with the weights and the dataloader. A part
+registered after a restore gets its state on registration.
 
 The dataset must live in the trainer's process (``data.dataloader_num_workers=0``): a worker holds
 a copy whose state the selection never updates, so ``__getitem__`` refuses to run in one.
@@ -18,11 +23,16 @@ a copy whose state the selection never updates, so ``__getitem__`` refuses to ru
 
 from __future__ import annotations
 
+import logging
 from typing import Protocol
 
 import torch
 
+from .rows import RowTable
+
 FORWARD = "forward_sampler"  # the name a v1 forward sampler is registered under
+REPLAY_BUFFER = "replay_buffer"  # the name the v1 replay buffer is registered under
+logger = logging.getLogger(__name__)
 _PARTS: dict = {}
 _PENDING: dict = {}
 
@@ -79,9 +89,18 @@ def _dataset_base():
 
 
 class LZERLHFDataset(_dataset_base()):
-    """verl's ``RLHFDataset`` carrying the selection state in the dataloader checkpoint
-    (``data.custom_cls.path=pkg://lze_kernels.integrations.verl.checkpoint``,
-    ``data.custom_cls.name=LZERLHFDataset``).
+    """verl's ``RLHFDataset`` whose items name their row, carrying the selection state in the
+    dataloader checkpoint (``data.custom_cls.path=pkg://lze_kernels.integrations.verl.checkpoint``,
+    ``data.custom_cls.name=LZERLHFDataset``; both trainers).
+
+    Each item's ``index`` (what verl hands the selection as the prompt's row) is its position in
+    the train set after the files are joined and ``data.filter_overlong_prompts`` has dropped rows,
+    the position verl's samplers yield; ``extra_info`` is untouched. :attr:`rows` holds each
+    position's ``extra_info.index`` (:class:`~.rows.RowTable`), which the selection checks every
+    step's rows against; where the two numberings differ (several files whose indices restart at
+    0, filtered rows) the load says so once. A train set's size reaches a replay buffer registered
+    in this process (:meth:`~.replay_buffer.LZEReplayBuffer.use_train_set`), which checks or takes
+    it as ``num_prompts``.
 
     In v1 it is also where forward selection acts: verl builds the train dataloader's sampler
     itself (``create_rl_sampler``: random or sequential, no hook), so when a forward sampler is
@@ -93,6 +112,14 @@ class LZERLHFDataset(_dataset_base()):
         super().__init__(data_files, tokenizer, config, processor, *args, **kwargs)
         train_files = config.get("train_files") if hasattr(config, "get") else None
         self.is_train = _file_list(data_files) == _file_list(train_files)
+        self.rows = RowTable.of(self)
+        if self.is_train and not self.rows.positions_are_indices():
+            logger.warning("LZERLHFDataset: LZE keys each prompt by its row in the train set, "
+                           "and extra_info.index differs from it (%s); every step's rows are "
+                           "checked against extra_info.index", self.rows.describe())
+        buffer = part(REPLAY_BUFFER) if self.is_train else None
+        if buffer is not None:
+            buffer.use_train_set(self)
 
     def __getitem__(self, item):
         if torch.utils.data.get_worker_info() is not None:
@@ -100,13 +127,23 @@ class LZERLHFDataset(_dataset_base()):
                                "and its selection state must live in the trainer's process; a "
                                "worker's copy would be stale)")
         forward = part(FORWARD) if getattr(self, "is_train", False) else None
-        return super().__getitem__(item if forward is None else forward.next_row())
+        row = item if forward is None else forward.next_row()
+        row_dict = super().__getitem__(row)
+        row_dict["index"] = row
+        return row_dict
 
     def state_dict(self) -> dict:
         return {"lze_selection": state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         load_state_dict(state.get("lze_selection", {}))
+
+
+def row_table(dataset) -> RowTable:
+    """The :class:`~.rows.RowTable` of a train set: :attr:`LZERLHFDataset.rows`, or read from
+    any verl ``RLHFDataset``."""
+    rows = getattr(dataset, "rows", None)
+    return rows if isinstance(rows, RowTable) else RowTable.of(dataset)
 
 
 def _file_list(files) -> list:

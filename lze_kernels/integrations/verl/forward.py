@@ -96,7 +96,7 @@ class ForwardSampler(Sampler[int]):
         [0, 1] (``valid`` [B, G]: the scored responses; None: all). A row that comes in two
         groups is one observation of all their rollouts (:mod:`.rows`). Everything is checked
         before any state changes."""
-        self._check_observation(prompt_ids, rewards, valid)
+        self.check_observation(prompt_ids, rewards, valid)
         if valid is None:
             valid = torch.ones_like(rewards, dtype=torch.bool)
         repeats = find_repeats(prompt_ids.numpy())
@@ -149,7 +149,10 @@ class ForwardSampler(Sampler[int]):
 
     # ------------------------------------------------------------------------- internals
 
-    def _check_observation(self, prompt_ids, rewards, valid) -> None:
+    def check_observation(self, prompt_ids: torch.Tensor, rewards: torch.Tensor,
+                          valid: Optional[torch.Tensor] = None) -> None:
+        """What :meth:`observe` checks before it changes anything (a caller that must not
+        change other state on a bad observation checks first)."""
         if (not isinstance(prompt_ids, torch.Tensor) or prompt_ids.dim() != 1
                 or prompt_ids.dtype != torch.int64 or prompt_ids.device.type != "cpu"):
             raise ValueError(f"prompt_ids: expected a [B] int64 CPU tensor of dataset rows, got "

@@ -11,17 +11,22 @@ and the update, and every count verl takes afterwards (``global_token_num``, the
 normaliser, which the actor worker sums from each mini-batch's ``response_mask``) counts kept
 tokens only, so the update is plain GRPO on a batch of the kept groups. The overrides:
 
+* ``__init__`` checks the settings and the train set (:func:`check_settings`,
+  :func:`check_train_set`): the selection parts sized to it, its rows what LZE keys prompts by;
 * ``_get_gen_batch`` (right after ``fit`` makes the step's uids, while the batch still holds
-  the dataset rows, ``index``) remembers uid -> row;
+  the dataset rows, ``index``) remembers uid -> row (not while ``_validate`` runs);
 * ``_balance_batch``: a colocated reward model scores the batch here instead of after it (fit
-  then finds ``rm_scores`` and does not score again); a :class:`~.forward.ForwardSampler` given
-  as ``train_sampler`` observes every group generated; the registered
-  :class:`~.estimator.LZEAdvantage` (``algorithm.adv_estimator=<its name>``) selects, the batch is
-  cut in place to the kept groups, and the estimator is told which groups remain
-  (:meth:`~.estimator.LZEAdvantage.expect_selected`: ``compute_advantage`` then computes verl's
-  GRPO advantages of those groups, with no second selection); then verl's own ``_balance_batch``
-  on the cut batch;
-* ``init_workers`` prints the kept-group count and the effective keep ratio;
+  then finds ``rm_scores`` and does not score again); the rows are checked against the train
+  set's ``extra_info.index``; the registered :class:`~.estimator.LZEAdvantage`
+  (``algorithm.adv_estimator=<its name>``) selects, which uses up the step's binding (one
+  selector step per batch, whatever raises after it); a :class:`~.forward.ForwardSampler` given
+  as ``train_sampler`` observes every group generated (its observation checked before the
+  selection); the batch is cut in place to the kept groups, and the estimator is told which
+  groups remain (:meth:`~.estimator.LZEAdvantage.expect_selected`: ``compute_advantage`` then
+  computes verl's GRPO advantages of those groups, with no second selection); then verl's own
+  ``_balance_batch`` on the cut batch;
+* ``init_workers`` prints the kept-group count and the effective keep ratio, and warns when
+  the selection cannot leave any group out (k rounds up to every group);
 * ``_save_checkpoint`` / ``_load_checkpoint`` keep the selection state in
   ``global_step_N/lze_selection.pt``, beside verl's ``data.pt``, which verl skips on a resume at
   an epoch boundary (``global_steps % steps_per_epoch == 0``).
@@ -42,6 +47,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from typing import Optional
 
 import numpy as np
@@ -52,9 +58,10 @@ from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 from ...serialization import load_state_file
 from ..selection import selection_metrics, unit_scores
 from .estimator import LZEAdvantage, Selected, _layout, group_by_uid, rows_by_uid
+from .checkpoint import LZERLHFDataset, row_table
 from .forward import ForwardSampler
-from .minibatch import group_unit, groups_to_train
-from .rows import INDEX_FIX
+from .minibatch import group_unit, groups_to_train, no_selection_warning
+from .rows import DATASET_FIX, INDEX_FIX, extra_info_indices
 
 SELECTION_FILE = "lze_selection.pt"
 _FORMAT = "lze_kernels.verl.legacy/1"
@@ -67,22 +74,41 @@ class LZERayPPOTrainer(RayPPOTrainer):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._rows_by_uid: dict = {}
-        check_settings(self.config, self.train_dataloader, self._estimator())
+        self._validating = False
+        estimator = self._estimator()
+        check_settings(self.config, self.train_dataloader, estimator)
+        self.rows = None
+        if estimator is not None or self._forward_sampler() is not None:
+            self.rows = check_train_set(self.train_dataset, self.train_dataloader, estimator)
 
     def init_workers(self):
         super().init_workers()
         estimator = self._estimator()
-        if estimator is not None and estimator.method == "lze":
-            batch = self.config.data.train_batch_size
+        if estimator is None:
+            return
+        batch = self.config.data.train_batch_size
+        if estimator.method == "lze":
             kept = self.groups_to_keep(batch, estimator, 0)
             print(f"LZE keeps {kept} of {batch} groups per step ({kept * self._rollout_n()} "
                   f"rows past the reward): keep_ratio_effective {kept / batch:.4g} for keep_ratio "
                   f"{estimator.selector.config.keep_ratio}, in whole mini-batches of "
                   f"ppo_mini_batch_size groups")
+        message = no_selection_warning(estimator.method, batch, _keep_ratio(estimator),
+                                       update_unit(self.config, self._dp_size()))
+        if message is not None:
+            warnings.warn(f"LZERayPPOTrainer: {message}", stacklevel=2)
 
     def _get_gen_batch(self, batch):
-        self.bind_rows(batch)
+        if not self._validating:  # validation batches are not selected on
+            self.bind_rows(batch)
         return super()._get_gen_batch(batch)
+
+    def _validate(self, *args, **kwargs):
+        self._validating = True
+        try:
+            return super()._validate(*args, **kwargs)
+        finally:
+            self._validating = False
 
     def _balance_batch(self, batch, metrics, logging_prefix="global_seqlen", keep_minibatch=False):
         self.select_rows(batch, metrics)
@@ -118,27 +144,38 @@ class LZERayPPOTrainer(RayPPOTrainer):
 
     def select_rows(self, batch, metrics: dict) -> None:
         """Feed the forward sampler, select, and cut ``batch`` in place to the kept groups. The
-        step's uid binding is used up by a selection that succeeds (a second call on the same
-        step's batch is refused, not selected again)."""
+        selector's step and the use of the step's uid binding commit together: whatever raises
+        after the step, a second call on the same step's batch is refused, not selected again;
+        the sampler's observation is checked before the step, so a bad one changes nothing."""
         estimator, sampler = self._estimator(), self._forward_sampler()
         if estimator is None and sampler is None:
             return
         self._score_with_reward_model(batch)
         uids = batch.non_tensor_batch["uid"]
         rows = self._response_rows(uids)
+        groups = group_by_uid(uids, "cpu")
+        group_rows = rows[groups.host_first]
+        if getattr(self, "rows", None) is not None:
+            extra = batch.non_tensor_batch.get("extra_info")
+            sources = [None] * len(group_rows) if extra is None else extra_info_indices(
+                extra[groups.host_first])
+            self.rows.check(group_rows, sources)
         rewards = batch.batch["rm_scores"]
-        if estimator is None:
-            groups = group_by_uid(uids, "cpu")
+        score_fn = None if estimator is None else estimator.score_fn
+        observation = None
+        if sampler is not None:
             raw, valid = _layout(rewards.sum(dim=-1).float().cpu(), groups)
-            self._observe(sampler, rows[groups.host_first], raw, valid, None)
+            observation = _observation(group_rows, raw, valid, score_fn)
+            sampler.check_observation(*observation)
+        if estimator is None:
             self._rows_by_uid = {}
+            sampler.observe(*observation)
             return
         selected = estimator.select(rewards, batch.batch["response_mask"], uids,
                                     prompt_index=rows, equal_groups=True)
+        self._rows_by_uid = {}  # the step is taken: the binding goes with it
         if sampler is not None:
-            self._observe(sampler, rows[selected.groups.host_first], selected.raw,
-                          selected.valid, estimator.score_fn)
-        self._rows_by_uid = {}
+            sampler.observe(*observation)
         rolled_out = selected.groups.host_first.shape[0]
         kept_groups, kept_rows = self._cut_to_kept(batch, selected, estimator)
         estimator.expect_selected(batch.non_tensor_batch["uid"], selected)
@@ -152,8 +189,7 @@ class LZERayPPOTrainer(RayPPOTrainer):
     def groups_to_keep(self, num_groups: int, estimator: LZEAdvantage, num_selected: int) -> int:
         """The groups one step keeps (module docstring): whole mini-batches whose rows divide
         among the data-parallel ranks."""
-        dp = self._get_dp_size(self.actor_rollout_wg, "actor")
-        return groups_to_keep(self.config, num_groups, estimator, num_selected, dp)
+        return groups_to_keep(self.config, num_groups, estimator, num_selected, self._dp_size())
 
     def selection_state_dict(self) -> dict:
         """The selection parts' state (what ``lze_selection.pt`` holds)."""
@@ -189,6 +225,9 @@ class LZERayPPOTrainer(RayPPOTrainer):
     def _rollout_n(self) -> int:
         return self.config.actor_rollout_ref.rollout.n
 
+    def _dp_size(self) -> int:
+        return self._get_dp_size(self.actor_rollout_wg, "actor")
+
     def _response_rows(self, uids) -> np.ndarray:
         missing = [uid for uid in uids.tolist() if uid not in self._rows_by_uid]
         if missing:
@@ -209,11 +248,6 @@ class LZERayPPOTrainer(RayPPOTrainer):
                              "agent loop's reward workers (or a reward model) give each rollout")
         batch.union(self._compute_reward_colocate(batch))
 
-    @staticmethod
-    def _observe(sampler: ForwardSampler, group_rows, raw, valid, score_fn) -> None:
-        rewards = unit_scores(raw, valid, score_fn).float().cpu()
-        sampler.observe(torch.from_numpy(group_rows), rewards,
-                        None if valid is None else valid.cpu())
 
     def _cut_to_kept(self, batch, selected: Selected,
                      estimator: LZEAdvantage) -> tuple[int, int]:
@@ -254,16 +288,59 @@ def check_settings(config, dataloader, estimator: Optional[LZEAdvantage]) -> Non
                          "selector=<that estimator>.selector")
 
 
+def check_train_set(dataset, dataloader, estimator: Optional[LZEAdvantage]):
+    """The train set's :class:`~.rows.RowTable`, after checking at start-up that the selection
+    parts are sized to it and that its rows are what LZE keys prompts by: a dataset other than
+    :class:`~.checkpoint.LZERLHFDataset` hands verl ``extra_info.index`` as the row, which must
+    then be each row's position (one file, nothing filtered)."""
+    rows = row_table(dataset)
+    if not isinstance(dataset, LZERLHFDataset) and not rows.positions_are_indices():
+        raise ValueError(f"train_dataset: verl's dataset hands each prompt's extra_info.index to "
+                         f"the selection as its row, and here it is not the row's position "
+                         f"({rows.describe()}): LZE would keep a prompt's history under another "
+                         f"prompt. Fix: {DATASET_FIX}")
+    sizes = {"the train set": len(rows)}
+    if estimator is not None and estimator.selector is not None:
+        sizes["the LZEAdvantage's num_prompts"] = estimator.selector.num_prompts
+    sampler = dataloader.sampler
+    if isinstance(sampler, ForwardSampler):
+        sizes["the train_sampler's num_prompts"] = sampler.num_prompts
+        if sampler.batch_size != dataloader.batch_size:
+            raise ValueError(f"train_sampler: its batch_size is {sampler.batch_size}, the "
+                             f"dataloader's (data.train_batch_size) {dataloader.batch_size}; "
+                             "build the ForwardSampler with the train batch size")
+    if len(set(sizes.values())) > 1:
+        raise ValueError("num_prompts: the selection parts and the train set disagree on its "
+                         f"size ({', '.join(f'{k} {v}' for k, v in sizes.items())}); build them "
+                         "with num_prompts=len(train_dataset), after filtering")
+    return rows
+
+
+def _observation(group_rows, raw, valid, score_fn):
+    """A forward sampler's ``observe`` arguments for a step's groups."""
+    rewards = unit_scores(raw, valid, score_fn).float().cpu()
+    return torch.from_numpy(group_rows), rewards, None if valid is None else valid.cpu()
+
+
+def update_unit(config, dp: int) -> int:
+    """The fewest groups an update takes at a data-parallel size ``dp``: whole
+    ``ppo_mini_batch_size`` mini-batches whose rows divide by ``dp`` (with
+    ``use_prefix_grouper``, whose groups do)."""
+    actor, n = config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout.n
+    return group_unit(math.lcm(actor.ppo_mini_batch_size * n, dp), n, dp,
+                      whole_groups_per_rank=bool(actor.get("use_prefix_grouper", False)))
+
+
+def _keep_ratio(estimator: LZEAdvantage) -> float:
+    return estimator.selector.config.keep_ratio if estimator.selector is not None else 1.0
+
+
 def groups_to_keep(config, num_groups: int, estimator: LZEAdvantage, num_selected: int,
                    dp: int) -> int:
-    """:meth:`LZERayPPOTrainer.groups_to_keep` for a data-parallel size ``dp``: the rows of a
-    multiple of ``ppo_mini_batch_size`` groups divisible by ``dp`` (with
-    ``use_prefix_grouper``, the groups themselves)."""
-    actor, n = config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout.n
-    unit = group_unit(math.lcm(actor.ppo_mini_batch_size * n, dp), n, dp,
-                      whole_groups_per_rank=bool(actor.get("use_prefix_grouper", False)))
-    ratio = estimator.selector.config.keep_ratio if estimator.selector is not None else 1.0
-    return groups_to_train(estimator.method, num_groups, ratio, num_selected, unit)
+    """:meth:`LZERayPPOTrainer.groups_to_keep` for a data-parallel size ``dp`` (units of
+    :func:`update_unit`)."""
+    return groups_to_train(estimator.method, num_groups, _keep_ratio(estimator), num_selected,
+                           update_unit(config, dp))
 
 
 def _registered_estimator(name):

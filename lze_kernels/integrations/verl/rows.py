@@ -15,6 +15,15 @@ selector's single step on its groups.
 
 A batch whose groups all carry one dataset row is what a dataset without ``extra_info.index``
 gives (verl fills a missing index with 0): the first step refuses it (:func:`check_rows_differ`).
+
+**Which row.** verl's samplers yield positions in the train set as it stands after its files are
+concatenated and ``data.filter_overlong_prompts`` has dropped rows; ``extra_info.index`` is what
+the preprocessing wrote, which restarts at 0 in each file and keeps its value when rows before it
+are dropped. LZE keys a prompt by its position (:class:`~.checkpoint.LZERLHFDataset` puts it in
+each item's ``index``) and :class:`RowTable` holds each position's ``extra_info.index``, read once
+at load, to check every step's rows against (:meth:`RowTable.check`). A train set whose
+``extra_info.index`` *is* its positions (one file, nothing filtered) needs no custom dataset
+class (:meth:`RowTable.positions_are_indices`).
 """
 
 from __future__ import annotations
@@ -33,6 +42,82 @@ from ..selection import GroupSelection, ScoreFn, select_groups
 INDEX_FIX = ("write each example's row number into its extra_info.index when preparing the "
              "dataset (verl's examples/data_preprocess scripts do: extra_info={'index': idx} in "
              "the function they map over the dataset with with_indices=True)")
+DATASET_FIX = ("data.custom_cls.path=pkg://lze_kernels.integrations.verl.checkpoint "
+               "data.custom_cls.name=LZERLHFDataset (it keys each prompt by its row in the train "
+               "set after the files are joined and filtered)")
+NO_INDEX = -1  # a row without extra_info.index in RowTable
+
+
+class RowTable:
+    """Each train-set row's ``extra_info.index`` (:data:`NO_INDEX` where it has none), read once
+    from verl's ``RLHFDataset`` (its ``dataframe`` after concatenation and filtering)."""
+
+    def __init__(self, source_index: np.ndarray, files: int = 1):
+        self.source_index = source_index
+        self.files = files
+
+    @classmethod
+    def of(cls, dataset) -> "RowTable":
+        frame = dataset.dataframe
+        extra = frame["extra_info"] if "extra_info" in frame.column_names else [None] * len(frame)
+        values = [_int_or_none((e or {}).get("index")) for e in extra]
+        index = np.array([NO_INDEX if v is None else v for v in values], dtype=np.int64)
+        return cls(index, len(getattr(dataset, "data_files", [None])))
+
+    def __len__(self) -> int:
+        return self.source_index.shape[0]
+
+    def positions_are_indices(self) -> bool:
+        """``extra_info.index`` equals the row everywhere (what verl's own dataset keys by)."""
+        return bool(np.array_equal(self.source_index, np.arange(len(self))))
+
+    def describe(self) -> str:
+        """Why the rows and ``extra_info.index`` differ, for a message."""
+        index = self.source_index
+        missing = int((index == NO_INDEX).sum())
+        present = index[index != NO_INDEX]
+        repeated = present.shape[0] - np.unique(present).shape[0]
+        shifted = int(((index != np.arange(len(self))) & (index != NO_INDEX)).sum())
+        return (f"{len(self)} rows from {self.files} file(s): {repeated} repeat an "
+                f"extra_info.index of another row (indices restarting in each file), {shifted} "
+                f"sit at another position than their extra_info.index (rows before them filtered "
+                f"out, or a later file), {missing} have none")
+
+    def check(self, rows: np.ndarray, source_index, name: str = "index") -> None:
+        """The rows a step selects on carry the ``extra_info.index`` the table holds for them
+        (``source_index``: each row's ``extra_info.index`` as the batch carries it, None or
+        :data:`NO_INDEX` where absent). A mismatch: the batch's rows are not this train set's."""
+        check_row_range(rows, len(self), name)
+        got = np.array([NO_INDEX if (v := _int_or_none(s)) is None else v for s in source_index],
+                       dtype=np.int64)
+        wrong = np.flatnonzero(self.source_index[rows] != got)
+        if wrong.size:
+            i = int(wrong[0])
+            raise ValueError(
+                f"{name}: row {int(rows[i])} carries extra_info.index {int(got[i])}, but row "
+                f"{int(rows[i])} of the train set has {int(self.source_index[rows[i]])} "
+                f"({wrong.size} of {rows.shape[0]} groups disagree): the rows LZE keys its state "
+                f"by are not this train set's positions. Fix: {DATASET_FIX}")
+
+
+def _int_or_none(value):
+    value = getattr(value, "data", value)  # TransferQueue's NonTensorData
+    if isinstance(value, (bool, np.bool_)) or value is None:
+        return None
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)) and float(value).is_integer():
+        return int(value)
+    return None
+
+
+def extra_info_indices(extra_infos) -> list:
+    """``extra_info.index`` of each entry of verl's ``extra_info`` field (dicts, or None)."""
+    out = []
+    for extra in extra_infos:
+        extra = getattr(extra, "data", extra)
+        out.append(extra.get("index") if isinstance(extra, dict) else None)
+    return out
 
 
 def host_rows(values, name: str = "prompt_index") -> np.ndarray:
@@ -123,9 +208,19 @@ class RowSelection:
     """A selection method's pick among a step's groups, their rows possibly repeated."""
 
     keep: torch.Tensor  # [num_groups] bool: the method keeps the group (LZE: its row)
-    varied: torch.Tensor  # [num_groups] bool: the group's own rewards are not all equal
     selection: GroupSelection  # over the distinct rows (LZE) or the groups (DAPO)
     repeats: Repeats
+    rewards: torch.Tensor  # [num_groups, G] the step's rewards
+    valid: Optional[torch.Tensor]
+    _varied: Optional[torch.Tensor] = None
+
+    @property
+    def varied(self) -> torch.Tensor:
+        """[num_groups] bool: the group's own rewards are not all equal (computed when a
+        trainer ranks the groups; the estimator alone never needs it)."""
+        if self._varied is None:
+            self._varied = ops.dapo_keep_mask(self.rewards, self.valid)
+        return self._varied
 
     @property
     def merged(self) -> bool:
@@ -162,17 +257,18 @@ def select_on_rows(method: str, selector: Optional[LZESelector], rewards: torch.
     on the distinct rows, a repeated row's groups merged (module docstring), after refusing a
     first step whose groups all carry one row; DAPO is per group."""
     repeats = find_repeats(group_rows)
-    varied = ops.dapo_keep_mask(rewards, valid)
     if method == "lze":
         check_rows_differ(group_rows, lambda: int(selector.state.step_counter[0]))
     if method == "dapo" or not repeats.any:
         ids = torch.as_tensor(group_rows, device=rewards.device)
         selection = select_groups(method, selector, rewards, ids, valid, score_fn,
                                   ids_checked=True)
-        return RowSelection(selection.keep, varied, selection, repeats)
+        varied = selection.keep if method == "dapo" else None  # DAPO's pick is exactly that
+        return RowSelection(selection.keep, selection, repeats, rewards, valid, varied)
     merged, merged_valid = merge_groups(rewards, valid, repeats)
     selection = select_groups(method, selector, merged,
                               torch.as_tensor(repeats.rows, device=rewards.device), merged_valid,
                               score_fn, ids_checked=True)
     of_group = torch.as_tensor(repeats.of_group, device=selection.keep.device)
-    return RowSelection(selection.keep.index_select(0, of_group), varied, selection, repeats)
+    return RowSelection(selection.keep.index_select(0, of_group), selection, repeats, rewards,
+                        valid)
