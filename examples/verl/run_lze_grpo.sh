@@ -2,29 +2,32 @@
 # GRPO with LZE selection in verl 0.9.1's v1 trainer (trainer.use_v1=true, the default), on one
 # node of 8 GPUs. Not run in this project's CI (no GPU); its selection path is what
 # tests/test_verl_v1.py runs through verl's ReplayBuffer, TransferQueue and dataloader, and
-# tests/test_verl_fit.py and tests/test_verl_fit_passes.py through verl's own fit() on the CPU.
+# tests/test_verl_fit.py through verl's own fit() on the CPU (where the README's quick start,
+# this script included, runs one step with the CPU harness's model and rollout).
 #
-#   pip install "verl[vllm]==0.9.1" && pip install /path/to/a/clone/of/lze-kernels
+#   pip install "verl[vllm]==0.9.1"
+#   pip install -e .                          # from a clone of lze-kernels
+#   python examples/verl/prepare_data.py      # GSM8K -> ~/data/gsm8k/{train,test}.parquet
 #   bash examples/verl/run_lze_grpo.sh [extra hydra overrides]
 #
 # MODE=topk (the default, LZE as its paper runs it): each step rolls out train_batch_size (K)
 # prompts and trains on the top k = floor(K x keep_ratio) groups by learning-zone energy, rounded
 # to the nearest whole number of mini-batches (64 of 128 here, one mini-batch of 64; any
 # ppo_mini_batch_size plain GRPO accepts works, lze/keep_ratio_effective logs the ratio kept,
-# and v1 adds no padding rows). MODE=refill
-# trains on K selected groups instead, rolling out ceil(K / keep_ratio) prompts and more (the
-# extra ones through verl's refill, one prompt per fetch). FORWARD=greso (or pruner, dots) also
-# chooses which prompts are rolled out at all; DOTS needs EMBEDDINGS, a torch file of
-# [num_prompts, d] prompt embeddings in dataset order. METHOD=dapo keeps the groups whose rewards
-# are not all equal instead of LZE's top k.
-# The dataset rows must carry extra_info.index = their row number (verl's example preprocessors
-# write it): LZE keys each prompt's history by it. docs/verl.md has the account.
+# and v1 adds no padding rows). MODE=refill trains on K selected groups instead, rolling out
+# ceil(K / keep_ratio) prompts and more (the extra ones through verl's refill, one prompt per
+# fetch). FORWARD=greso (or pruner, dots) also chooses which prompts are rolled out at all; DOTS
+# needs EMBEDDINGS, a torch file of [num_prompts, d] prompt embeddings in dataset order.
+# METHOD=dapo keeps the groups whose rewards are not all equal instead of LZE's top k.
+# LZERLHFDataset (data.custom_cls) keys each prompt by its row in the train set after the files
+# are joined and filtered, and hands the buffer the train set's size (NUM_PROMPTS, if you set
+# it, is checked against it). docs/verl.md has the account.
 set -euo pipefail
 
 TRAIN=${TRAIN:-$HOME/data/gsm8k/train.parquet}
 VAL=${VAL:-$HOME/data/gsm8k/test.parquet}
 MODEL=${MODEL:-Qwen/Qwen2.5-1.5B-Instruct}
-NUM_PROMPTS=${NUM_PROMPTS:-7473}   # rows of $TRAIN
+NUM_PROMPTS=${NUM_PROMPTS:-}       # empty: the train set's rows, after filtering
 BATCH=${BATCH:-128}
 METHOD=${METHOD:-lze}              # lze | dapo (plain GRPO: verl without these overrides)
 MODE=${MODE:-topk}                 # topk | refill
@@ -34,6 +37,8 @@ EMBEDDINGS=${EMBEDDINGS:-}
 refill=()
 [[ $MODE == refill ]] && refill=(data.gen_batch_size=1
                                  +trainer.v1.sampler.sampler_kwargs.gen_batch_size=1)
+size=()
+[[ -n $NUM_PROMPTS ]] && size=(+trainer.v1.sampler.sampler_kwargs.num_prompts="$NUM_PROMPTS")
 forward=()
 if [[ -n $FORWARD ]]; then
     forward=(+trainer.v1.sampler.sampler_kwargs.forward.method="$FORWARD"
@@ -53,7 +58,7 @@ python3 -m verl.trainer.main_ppo \
     trainer.v1.sampler.custom_sampler.path=pkg://lze_kernels.integrations.verl.replay_buffer \
     trainer.v1.sampler.custom_sampler.name=LZEReplayBuffer \
     +trainer.v1.sampler.sampler_kwargs.method="$METHOD" \
-    +trainer.v1.sampler.sampler_kwargs.num_prompts="$NUM_PROMPTS" \
+    "${size[@]}" \
     +trainer.v1.sampler.sampler_kwargs.mode="$MODE" \
     "${refill[@]}" \
     +trainer.v1.sampler.sampler_kwargs.lze.keep_ratio=0.5 \

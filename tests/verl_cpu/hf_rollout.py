@@ -14,7 +14,9 @@ verl's hybrid rollout has three parts (vLLM's are ``ServerAdapter``, ``vLLMRepli
   ``update_weights`` hands it the actor's full tensors, which it sends to the server.
 
 For the tests, a server can also *replay* recorded responses (:meth:`HFServer.replay`): a prompt
-then gets the recorded responses of that prompt, in order, instead of sampled ones.
+then gets the recorded responses of that prompt, in order, instead of sampled ones. It records
+training and validation (greedy) requests apart, and :meth:`HFServer.reset` starts a new run's
+record on the same server (the fit tests' runs share one).
 """
 
 from __future__ import annotations
@@ -45,18 +47,26 @@ class HFServer:
                                                           dtype=torch.float32).eval()
         eos = self.model.generation_config.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [eos])
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the previous run: its record, its draws, its replay (a test module's runs
+        share this server)."""
         self.global_steps: Optional[int] = None
         self.replayed: Optional[dict[tuple, list]] = None
         self.generated: dict[Optional[int], list] = {}  # by the synced step they ran on
+        self.validated: dict[Optional[int], list] = {}  # greedy (validation) requests, likewise
         self.draws: Counter = Counter()  # requests so far per (step, request id, prompt)
         self.weights: dict[Optional[int], dict[str, torch.Tensor]] = {}
 
     async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: dict,
                        **kwargs: Any) -> TokenOutput:
         prompt = tuple(int(t) for t in prompt_ids)
-        output = self._replay(prompt) if self.replayed is not None else self._generate(
-            request_id, prompt, sampling_params)
-        self.generated.setdefault(self.global_steps, []).append(
+        validation = float(sampling_params["temperature"]) == 0  # verl validates greedily
+        output = self._replay(prompt) if self.replayed is not None and not validation else (
+            self._generate(request_id, prompt, sampling_params))
+        record = self.validated if validation else self.generated
+        record.setdefault(self.global_steps, []).append(
             (prompt, tuple(output.token_ids), tuple(output.log_probs or ())))
         return output
 
@@ -132,8 +142,13 @@ class HFServer:
                                       for k, v in self.model.state_dict().items()}
 
     def history(self) -> dict:
-        """Every generation ``(prompt ids, response ids, log-probs)`` by the synced step."""
+        """Every training generation ``(prompt ids, response ids, log-probs)`` by the synced
+        step."""
         return self.generated
+
+    def validation_history(self) -> dict:
+        """The validation generations (greedy), likewise."""
+        return self.validated
 
     def weight_history(self) -> dict:
         return self.weights

@@ -15,7 +15,7 @@ import importlib.util
 import re
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Iterable, Optional
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL_SPEC = "tiny:qwen2?hidden=64&layers=2&heads=2&kv_heads=1&vocab=320&seed=0"
@@ -51,20 +51,26 @@ def build_model(out_dir: Path) -> Path:
 
 
 def write_dataset(path: Path, count: int, rows: Optional[list[int]] = None,
-                  solved_every: int = 0) -> Path:
+                  solved_every: int = 0, indices: Optional[list] = None,
+                  long_rows: Iterable[int] = ()) -> Path:
     """verl's RL parquet layout: chat prompt, data source, ground truth, ``extra_info.index``
-    = the row (verl copies it into each sample's ``index``; LZE keys its history by it).
-    ``rows``: only these rows of the ``count`` (keeping their index), in this order;
-    ``solved_every``: as :func:`thresholds`."""
+    (verl copies it into each sample's ``index``). ``rows``: only these prompts of the
+    ``count`` (default all), in this order; ``indices``: their ``extra_info.index`` (default the
+    prompt's number; None: no index); ``solved_every``: as :func:`thresholds`; ``long_rows``:
+    prompts made longer than the fit tests' ``data.max_prompt_length`` (dropped by
+    ``data.filter_overlong_prompts``)."""
     import pandas as pd
 
-    texts, minimums = prompts(count), thresholds(count, solved_every)
+    rows = list(range(count)) if rows is None else rows
+    indices = rows if indices is None else indices
+    texts, minimums, long_rows = prompts(count), thresholds(count, solved_every), set(long_rows)
     records = [{"data_source": DATA_SOURCE,
-                "prompt": [{"role": "user", "content": texts[index]}],
+                "prompt": [{"role": "user", "content": texts[number] + (
+                    " please" * 60 if number in long_rows else "")}],
                 "ability": "length",
-                "reward_model": {"style": "rule", "ground_truth": str(minimums[index])},
-                "extra_info": {"index": index, "split": "train"}}
-               for index in (range(count) if rows is None else rows)]
+                "reward_model": {"style": "rule", "ground_truth": str(minimums[number])},
+                "extra_info": {"split": "train", **({} if index is None else {"index": index})}}
+               for number, index in zip(rows, indices)]
     pd.DataFrame(records).to_parquet(path)
     return path
 
