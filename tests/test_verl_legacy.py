@@ -39,6 +39,7 @@ from lze_kernels.integrations.verl.forward import ForwardSampler  # noqa: E402
 from lze_kernels.layout import SEEN  # noqa: E402
 from lze_kernels.integrations.verl.legacy import (SELECTION_FILE,  # noqa: E402
                                                   LZERayPPOTrainer, check_settings)
+from lze_kernels.integrations.verl.rows import select_on_rows  # noqa: E402
 from lze_kernels.serialization import UnsafeStateFileError  # noqa: E402
 
 GROUP, LENGTH = 4, 6
@@ -586,23 +587,43 @@ def test_small_data_over_many_passes_never_stops(registered, method):
 @pytest.mark.slow
 def test_readme_scale_three_passes_twenty_seeds_never_stops(registered):
     """N = 7,473, B = 128 (the README's GSM8K set-up), the forward pruner's permutation: its
-    batch 59 spans the first and second pass, and for 20 sampler seeds over 3 passes every step
-    runs; the seeds whose batch repeats a row are the expected share (1 - exp(-49 x 79 / 7,473)
-    ~ 0.40 of them)."""
+    batch 59 spans the first and second pass. For 20 sampler seeds over 3 passes every step's
+    selection runs (the sampler observing each step, as the hook feeds it), and the seeds whose
+    batch repeats a row are the expected share (1 - exp(-49 x 79 / 7,473) ~ 0.40 of them); one
+    seed runs every step through the trainer's hooks."""
     num_prompts, batch = 7473, 128
     pass_rate = {r: (r % 5) / 4 for r in range(num_prompts)}
     config = LZEConfig(keep_ratio=0.5, seed=0)
+    steps = 3 * num_prompts // batch
     seeds_with_repeats = 0
     for seed in range(20):
         lze, sampler = forward_parts("pruner", num_prompts, batch, seed, config)
-        trainer = trainer_without_workers(dataloader=loader(sampler, num_prompts=num_prompts,
-                                                            batch=batch),
-                                          mini=16, batch=batch, estimator=registered(lze))
-        steps = 3 * num_prompts // batch
-        record = run_legacy(trainer, trainer.train_dataloader, steps, pass_rate, balance=False)
-        assert len(record) == steps and all(len(kept) <= 64 for _, kept in record)
+        data = loader(sampler, num_prompts=num_prompts, batch=batch)
+        if seed == 0:
+            trainer = trainer_without_workers(dataloader=data, mini=16, batch=batch,
+                                              estimator=registered(lze))
+            record = run_legacy(trainer, data, steps, pass_rate, balance=False)
+        else:
+            record = run_selection(lze, sampler, data, steps, pass_rate)
+        assert len(record) == steps and all(len(set(kept)) <= 64 for _, kept in record)
         seeds_with_repeats += any(len(d) != len(set(d)) for d, _ in record)
     assert 3 <= seeds_with_repeats <= 16
+
+
+def run_selection(lze, sampler, data, steps, pass_rate):
+    """What the hook does each step, on the rows the dataloader draws: the selection on the
+    step's groups (a repeated row one observation), the sampler fed every group."""
+    record = []
+    while len(record) < steps:
+        for batch_dict in data:
+            rows = rows_of(batch_dict)
+            rewards = group_rewards(counts_of(rows, pass_rate))
+            selection = select_on_rows("lze", lze.selector, rewards, None, np.array(rows))
+            sampler.observe(torch.tensor(rows), rewards)
+            record.append((rows, [r for r, kept in zip(rows, selection.keep.tolist()) if kept]))
+            if len(record) == steps:
+                break
+    return record
 
 
 # ----------------------------------------------------------------------------- resume

@@ -73,7 +73,9 @@ class ForwardSampler(Sampler[int]):
         self.embeddings = None if embeddings is None else embeddings.float()
         self.labels = torch.full((num_prompts,), float("nan"))  # DOTS: observed pass rates
         self.passes, self.position, self.steps = 0, 0, 0
-        self._eligible: Optional[torch.Tensor] = None  # of the current pass, until observe
+        self._order: Optional[torch.Tensor] = None  # the current pass's permutation
+        self._window: list = []  # [row, eligible] of the candidates from _window_start on
+        self._window_start = 0
         self._drawn: list[int] = []  # DOTS: rows of the current batch not yet yielded
 
     def __len__(self) -> int:
@@ -111,7 +113,7 @@ class ForwardSampler(Sampler[int]):
             self.labels[prompt_ids] = torch.where(counts > 0, rates.float(),
                                                   self.labels[prompt_ids])
         self.steps += 1
-        self._eligible = None
+        self._window = []  # eligibility read before these rewards is stale
         self._drawn = []  # a DOTS draw made before these rewards is stale (v1 refills)
 
     def state_dict(self) -> dict:
@@ -145,7 +147,7 @@ class ForwardSampler(Sampler[int]):
         self.passes, self.position, self.steps = counters
         self.labels = labels.clone()
         self._drawn = list(drawn)
-        self._eligible = None
+        self._order, self._window = None, []
 
     # ------------------------------------------------------------------------- internals
 
@@ -189,17 +191,28 @@ class ForwardSampler(Sampler[int]):
 
     def _advance(self) -> tuple[int, bool]:
         if self.position == self.num_prompts:
-            self.passes, self.position, self._eligible = self.passes + 1, 0, None
+            self.passes, self.position = self.passes + 1, 0
+            self._order, self._window = None, []
             if self.method == "pruner":
                 self.selector.begin_epoch()
-        if self._eligible is None:
-            rows = self._permutation()
-            mask = (self.selector.rollout_mask(rows) if self.method == "pruner"
-                    else self.greso.rollout_mask(rows, self.steps))
-            self._eligible = torch.stack([rows, mask.long()], dim=1).tolist()
-        row, eligible = self._eligible[self.position]
+        if self._order is None:
+            self._order = self._permutation()
+        offset = self.position - self._window_start
+        if not 0 <= offset < len(self._window):
+            self._window, self._window_start, offset = self._eligibility(), self.position, 0
+        row, eligible = self._window[offset]
         self.position += 1
         return row, bool(eligible)
+
+    def _eligibility(self) -> list:
+        """``[row, eligible]`` of the next candidates of the pass from :attr:`position` on, as
+        many as one batch takes at most twice over: O(batch) work a step, not O(N) (the pruner's
+        and GRESO's masks are elementwise in the row, so a window reads as the whole pass would)."""
+        end = min(self.num_prompts, self.position + max(2 * self.batch_size, 64))
+        rows = self._order[self.position:end]
+        mask = (self.selector.rollout_mask(rows) if self.method == "pruner"
+                else self.greso.rollout_mask(rows, self.steps))
+        return torch.stack([rows, mask.long()], dim=1).tolist()
 
     def _next_dots_row(self) -> int:
         if not self._drawn:
