@@ -78,7 +78,7 @@ def test_a_results_file_changed_without_its_record_fails(tmp_path):
     results = root / "benchmarks" / "results" / "trl_peer.md"
     results.write_text(results.read_text().replace("0.84x", "0.48x"))
     with pytest.raises(render_docs.RenderError, match="trl_peer.md changed since"):
-        render_docs.load_sources(root)
+        render_docs.rendered(root)
 
 
 def test_recording_a_results_file_names_its_commit_and_machine(tmp_path):
@@ -100,6 +100,17 @@ def test_a_block_must_name_what_it_reads(tmp_path):
         "0.84x (at `a2423ce` on a 2-core x86-64 CPU)"
     with pytest.raises(render_docs.RenderError, match="2 rows labelled"):
         render_docs.parse_tables("| a | b |\n|---|---|\n| x | 1 |\n| x | 2 |\n")[0]["x"]
+
+
+def test_a_json_source_of_rows_renders_as_a_table(tmp_path):
+    root = copy_of_the_pages(tmp_path)
+    (root / "benchmarks" / "results" / "rows.json").write_text(
+        '{"columns": ["trainer", "step"], "rows": [{"trainer": "v1", "step": 1.5}]}')
+    render_docs.record("benchmarks/results/rows.json", None, "abc1234", "an H100", root=root)
+    sources = render_docs.load_sources(root)
+    assert render_docs.render_template("{rows.table}\n{rows.at}", sources, "x.md:1") == \
+        "| trainer | step |\n|---|---|\n| v1 | 1.5 |\nat `abc1234` on an H100"
+    assert sources["rows"]["rows"][0]["step"] == 1.5
 
 
 def test_tables_are_read_by_row_label_and_column():

@@ -81,6 +81,7 @@ class Source:
     def __init__(self, name: str, entry: dict, root: Path):
         self.name, self.root, self.path = name, root, root / entry["path"]
         self._commit, self._machine = entry.get("commit", "?"), entry.get("machine")
+        self._sha256, self._verified = entry.get("sha256"), False
         self.read = self.named_commit = self.named_machine = False
 
     def reset(self) -> None:
@@ -105,6 +106,14 @@ class Source:
         return self.named_commit and self.named_machine
 
     def _mark(self):
+        """A read: the file must still be what was recorded (checked once, at the first read)."""
+        if not self._verified:
+            if digest(self.path) != self._sha256:
+                relative = self.path.relative_to(self.root).as_posix()
+                raise RenderError(f"{relative} changed since {REGISTRY} recorded it: record what "
+                                  f"measured it (python tools/render_docs.py --record {relative}),"
+                                  f" or restore it (git checkout -- {relative})")
+            self._verified = True
         self.read = True
         return self
 
@@ -226,6 +235,9 @@ class Json:
 
 
 class JsonSource(Source):
+    """A JSON results file: ``[key]`` reads it; ``.table`` is a Markdown table of its rows (a list
+    of flat objects, or an object whose ``rows`` is one, its ``columns`` naming their order)."""
+
     def __init__(self, name, entry, root):
         super().__init__(name, entry, root)
         self._data = Json(json.loads(self.path.read_text()))
@@ -233,6 +245,20 @@ class JsonSource(Source):
     def __getitem__(self, key):
         self._mark()
         return self._data[key]
+
+    @property
+    def table(self) -> Table:
+        self._mark()
+        data = self._data.value
+        rows = data.get("rows") if isinstance(data, dict) else data
+        if not (isinstance(rows, list) and rows and all(isinstance(r, dict) for r in rows)):
+            raise RenderError(f"{self.name}: no rows to tabulate (a list of objects, or 'rows')")
+        columns = (data.get("columns") if isinstance(data, dict) else None) or list(
+            dict.fromkeys(k for r in rows for k in r))
+        cells = [[str(r.get(c, "")) for c in columns] for r in rows]
+        text = "\n".join(["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns),
+                          *("| " + " | ".join(c) + " |" for c in cells)])
+        return Table(columns, cells, text)
 
 
 class RunSource(Source):
@@ -259,17 +285,14 @@ class RunSource(Source):
 
 
 def load_sources(root: Path = ROOT) -> dict[str, Source]:
-    """Every source of the registry, by name; a file changed since it was recorded is refused."""
+    """Every source of the registry, by name; a file changed since it was recorded is refused
+    when a block reads it."""
     registry = tomllib.loads((root / REGISTRY).read_text())
     sources = {}
     for name, entry in registry.items():
         path = root / entry["path"]
         if not path.exists():
             raise RenderError(f"{REGISTRY}: {name}: {entry['path']} does not exist")
-        if digest(path) != entry.get("sha256"):
-            raise RenderError(f"{entry['path']} changed since {REGISTRY} recorded it: record what "
-                              f"measured it (python tools/render_docs.py --record {entry['path']})"
-                              f", or restore it (git checkout -- {entry['path']})")
         kind = (RunSource if path.is_dir() else CsvSource if path.suffix == ".csv" else
                 JsonSource if path.suffix == ".json" else MarkdownSource)
         sources[name] = kind(name, entry, root)
@@ -408,7 +431,7 @@ def unsourced(text: str) -> list[tuple[int, str]]:
 def gpu_results_page(sources: dict[str, Source]) -> str:
     """docs/gpu-results.md: the newest GPU run (:func:`newest_run`) whole."""
     name = newest_run(sources)
-    source = sources[name]
+    source = sources[name]._mark()
     run = source.run
     report = gpu_report.render(run.results).split("\n", 4)[4]  # its body, below its own title
     head = render_template(
@@ -443,7 +466,7 @@ def runs_table(sources: dict[str, Source]) -> str:
     lines = ["| run | card | commit | stages | goals |", "|---|---|---|---|---|"]
     for name in sorted((n for n, s in sources.items() if isinstance(s, RunSource)),
                        key=lambda n: sources[n].run.results.get("started_utc", ""), reverse=True):
-        source = sources[name]
+        source = sources[name]._mark()
         link = f"[{source.path.name}](gpu-runs/{source.path.name})"
         lines.append(f"| {link} | {source.machine} | {source.commit} | "
                      f"{source.run.stages_line()} | {source.run.goals_met()} |")
