@@ -96,15 +96,21 @@ def _place(keys: np.ndarray):
     new_run[0] = True
     np.not_equal(keys[1:], keys[:-1], out=new_run[1:])
     starts = new_run.nonzero()[0]
-    run = new_run.cumsum() - 1  # [bs] run of each response
-    run_uids = keys[starts].tolist()
-    distinct = dict.fromkeys(run_uids)  # in order of first appearance
-    if len(distinct) == len(run_uids):  # grouped: run r is group r
-        return run, np.arange(keys.shape[0]) - starts[run], starts, np.bincount(run), True
-    numbers = dict(zip(distinct, itertools.count()))
-    row = np.fromiter(map(numbers.__getitem__, run_uids), np.int64, len(run_uids))[run]
+    if 2 * starts.shape[0] > keys.shape[0]:  # mostly runs of one (shuffled): number the uids
+        row = _numbered(keys.tolist())
+    else:
+        row = _numbered(keys[starts].tolist())[new_run.cumsum() - 1]
+    if np.all(row[1:] >= row[:-1]):  # grouped: run r is group r
+        return row, np.arange(keys.shape[0]) - starts[row], starts, np.bincount(row), True
     counts = np.bincount(row)
     return (row, *_counting_placement(row, counts), counts, False)
+
+
+def _numbered(uids: list) -> np.ndarray:
+    """Each uid's group number, groups numbered in order of first appearance (one dict; its
+    ``fromkeys`` and ``map`` iterate in C)."""
+    numbers = dict(zip(dict.fromkeys(uids), itertools.count()))
+    return np.fromiter(map(numbers.__getitem__, uids), np.int64, len(uids))
 
 
 def _host_keys(index) -> np.ndarray:
