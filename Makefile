@@ -69,10 +69,11 @@ test: setup
 # verl 0.9.1 in a venv of its own (it needs transformers < 5.11, the trainer's set has 5.19):
 # the pinned verl set (requirements/constraints-verl.txt), this package built into it without the
 # CUDA modules (build dir build-verl/, apart from the editable build's), and the verl tests run
-# with `python -P` so that they import the installed package, not the source tree.
-# tests/test_verl_fit.py and tests/test_verl_fit_passes.py run verl's own fit() loops on two
-# data-parallel workers of a local Ray instance through the CPU platform in tests/verl_cpu
-# (12 runs of 1-6 steps, about a minute each on two cores; marked slow).
+# with `python -P` so that they import the installed package, not the source tree (installed, not
+# editable, for that reason; a user installs editable, README "4. verl").
+# tests/test_verl_fit.py runs verl's own fit() loops on two data-parallel workers of one local Ray
+# instance shared by all its runs, through the CPU platform in tests/verl_cpu (marked slow; one
+# xdist group: its runs share the cluster).
 VERL_VENV ?= .venv-verl
 VERL_PY := $(VERL_VENV)/bin/python
 VERL_PIP := $(VERL_PY) -m pip --disable-pip-version-check -q
