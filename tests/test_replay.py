@@ -261,28 +261,6 @@ def test_replayed_groups_are_flagged_in_micro_batches():
     assert micro.off_policy.tolist() == [False, True]
 
 
-# ---------------------------------------------------------------- end to end
-
-@pytest.mark.slow
-def test_replay_trains_on_half_fresh_rollouts_and_resumes_exactly(tmp_path):
-    from lze_trainer.metrics import read_jsonl, read_metrics
-    from trainer_launch import (RESUME_CHECK_RUN, assert_same_steps, rerun_from_checkpoint,
-                                tail, train)
-
-    run = [*RESUME_CHECK_RUN, "replay.ratio=0.5"]
-    run_dir = tmp_path / "run"
-    result = train(run_dir, *run)
-    assert result.returncode == 0, tail(result)
-    steps = {m["step"]: m for m in read_metrics(run_dir) if "reward/mean" in m}
-    replaying = [m for m in steps.values() if m["replay/groups"] > 0]
-    assert replaying, "nothing was replayed: the test proves nothing"
-    rollouts = 8 * 4  # B x rollout.n of the tiny preset
-    assert steps[1]["compute/rollouts"] == rollouts
-    for m in replaying:
-        assert m["compute/rollouts"] == rollouts / 2  # only the fresh half is generated
-        assert m["rollout/engine_logprob_diff_max"] < 1e-4  # replayed rows are left out
-    for record in read_jsonl(run_dir / "rollouts.jsonl"):  # whole kept groups, replayed included
-        kept_tokens = sum(sum(record["response_tokens"][row]) for row in record["kept_rows"])
-        assert record["update_tokens"] == kept_tokens
-    resumed = rerun_from_checkpoint(run_dir, 2, *run)
-    assert_same_steps(run_dir, resumed, (3, 4))
+# End to end (replay trains on half fresh rollouts, the engine samples from the actor, whole
+# kept groups reach the loss, a resume repeats the run exactly): the "dots-replay" switch of
+# tests/test_trainer_methods_e2e.py, DOTS with rollout replay under torchrun.

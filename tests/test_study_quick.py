@@ -1,6 +1,7 @@
 """``make study QUICK=1``: the whole study pipeline of both regimes (two methods each, one seed, a
 few steps, from the shipped warm start) under torchrun, then their reports. It checks the
-pipeline, not the result."""
+pipeline, not the result: one rank a run (`make study` runs two; the trainer's multi-rank paths
+are the end-to-end tests' job), which halves the four launches' start-up cost."""
 
 import csv
 import subprocess
@@ -17,7 +18,8 @@ def test_quick_study_writes_csv_plots_and_report_for_both_regimes(tmp_path):
     from lze_trainer.study import REGIMES
 
     runs = tmp_path / "runs"
-    command = [sys.executable, "-m", "lze_trainer.study", "--quick", "--quick-runs", str(runs)]
+    command = [sys.executable, "-m", "lze_trainer.study", "--quick", "--quick-runs", str(runs),
+               "--nproc", "1"]
     result = subprocess.run(command, cwd=ROOT, env=environment(), capture_output=True, text=True,
                             timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -23,16 +23,23 @@ def model_dir(tmp_path_factory):
                                 folder, ["Calculate 1 + 2.", "3"] * 50))
 
 
-def _check(nproc, mode, model_dir, out):
-    result = run(nproc, "tests/distributed/actor_checks.py", mode, model_dir, str(out))
+def _check(nproc, modes, model_dir, out):
+    out.mkdir(exist_ok=True)
+    result = run(nproc, "tests/distributed/actor_checks.py", modes, model_dir, str(out))
     assert result.returncode == 0, tail(result)
+    return out
 
 
-def test_update_is_the_same_on_one_and_two_ranks(model_dir, tmp_path):
-    for world in (1, 2):
-        _check(world, "update", model_dir, tmp_path / f"w{world}.pt")
-    one, two = (torch.load(tmp_path / f"w{w}.pt") for w in (1, 2))
-    info = [json.loads((tmp_path / f"w{w}.pt.json").read_text()) for w in (1, 2)]
+@pytest.fixture(scope="module")
+def two_ranks(model_dir, tmp_path_factory):
+    """One 2-rank launch runs both checks (a launch is mostly start-up)."""
+    return _check(2, "update,nonfinite", model_dir, tmp_path_factory.mktemp("two_ranks"))
+
+
+def test_update_is_the_same_on_one_and_two_ranks(model_dir, two_ranks, tmp_path):
+    paths = [_check(1, "update", model_dir, tmp_path / "one") / "update", two_ranks / "update"]
+    one, two = (torch.load(p) for p in paths)
+    info = [json.loads(p.with_name("update.json").read_text()) for p in paths]
     # Adam's first step moves a weight by lr g / (|g| + eps): by +-lr (0.01) wherever |g| >> eps,
     # whatever g's rounding, but where a gradient cancels to within a few eps (1e-8) the fp32
     # rounding of another summation order (gradients equal to 4e-7 of their scale) moves it by
@@ -50,9 +57,8 @@ def test_update_is_the_same_on_one_and_two_ranks(model_dir, tmp_path):
         assert i["multi_updates"] == 4 and i["multi_clipped_tokens"] > 0
 
 
-def test_nonfinite_loss_skips_the_update(model_dir, tmp_path):
-    _check(2, "nonfinite", model_dir, tmp_path / "nf.json")
-    results = json.loads((tmp_path / "nf.json").read_text())
+def test_nonfinite_loss_skips_the_update(two_ranks):
+    results = json.loads((two_ranks / "nonfinite").read_text())
     assert set(results) == {"0", "2", "3"}
     for stage, r in results.items():
         assert r == {"skipped": 1, "unchanged": True, "finite_skipped": 0, "trained_after": True}, stage

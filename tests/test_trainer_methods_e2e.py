@@ -6,7 +6,7 @@ combine, to keep CI short."""
 
 import pytest
 
-from lze_trainer.metrics import read_metrics
+from lze_trainer.metrics import read_jsonl, read_metrics
 from trainer_launch import (RESUME_CHECK_RUN, RESUME_CHECK_STEPS, assert_same_steps,
                             rerun_from_checkpoint, tail, train)
 
@@ -14,12 +14,12 @@ pytestmark = pytest.mark.slow
 
 # name -> (overrides, metrics the run must log on every step)
 SWITCHES = {
-    # 32 prompts, B = 8, HIVE's pool 2 x 8 a step: an epoch is two steps, so the schedule keeps
-    # the mixed groups, then ramps.
+    # 64 prompts, B = 8, HIVE's pool at its derived default of 4 x 8 a step: an epoch is two
+    # steps, so the schedule keeps the mixed groups, then ramps.
     "lze-release-hive": (["selection.method=lze", "selection.keep_ratio_schedule=release",
                           "selection.schedule.ramp_epochs=1", "selection.schedule.target=0.5",
-                          "selection.schedule.floor=0.5", "data.train_limit=32",
-                          "selection.entropy_filter=true", "selection.hive.pool_factor=2"],
+                          "selection.schedule.floor=0.5", "data.train_limit=64",
+                          "selection.entropy_filter=true"],
                          ["hive/dropped", "compute/forward/entropy"]),
     # On dynamic sampling: top-up rounds refill the batch with mixed groups.
     "greso": (["selection.method=greso", "selection.greso.initial=0.05"],
@@ -29,14 +29,16 @@ SWITCHES = {
                    ["fill/rounds", "fill/capped"]),
     # With GRESO's prefilter fed by the screening (its state is in the checkpoint), training
     # only LZE's top floor(8 x 0.5) groups by energy; the groups carried from one step to the
-    # next are in each rank's checkpoint file.
-    "speed": (["selection.method=speed", "selection.speed.screen_rollouts=2",
+    # next are in each rank's checkpoint file. The screening at its derived default: 2 of 4.
+    "speed": (["selection.method=speed",
                "selection.speed.prefilter=greso", "selection.greso.initial=0.05",
                "selection.keep_top_energy=true", "selection.keep_ratio=0.5"],
               ["greso/p_easy", "fill/carried_groups"]),
-    # References every other step, predicted by the policy's own prompt embeddings.
-    "dots": (["selection.method=dots", "selection.dots.reference_size=16"],
-             ["dots/calibration_slope"]),
+    # DOTS with rollout replay, its paper's pairing: references every other step, as many as
+    # the derived default ceil(B / 2) = 4, predicted by the policy's own prompt embeddings; half
+    # of each batch replayed from the buffer once it holds mixed groups.
+    "dots-replay": (["selection.method=dots", "replay.ratio=0.5"],
+                    ["dots/calibration_slope", "replay/groups"]),
 }
 
 
@@ -56,6 +58,9 @@ def test_switch_runs_and_resumes_exactly(switch, tmp_path):
                             "compute/zero_variance_generated_frac"]:
         assert all(name in m for m in steps.values()), name
     CHECKS[switch](steps)
+    for record in read_jsonl(run_dir / "rollouts.jsonl"):  # only whole kept groups (replayed,
+        kept = record["kept_rows"]                          # carried too) reach the loss
+        assert record["update_tokens"] == sum(sum(record["response_tokens"][r]) for r in kept)
     resumed = rerun_from_checkpoint(run_dir, 2, *RESUME_CHECK_RUN, *overrides)
     assert_same_steps(run_dir, resumed, (3, 4))
 
@@ -101,24 +106,30 @@ def _speed(steps):
     assert any(m["fill/carried_groups"] > 0 for m in steps.values())
 
 
-def _dots(steps):
+def _dots_replay(steps):
     assert [s for s in steps if steps[s].get("compute/rollouts/reference", 0) > 0] == [1, 3]
-    assert steps[1]["compute/rollouts/reference"] == 16 * 4  # K x n rollouts
+    assert steps[1]["compute/rollouts/reference"] == 4 * 4  # K x n rollouts
     assert steps[1]["compute/forward/embedding"] > 0  # embedded once, at the first step
     assert all(steps[s].get("compute/forward/embedding", 0) == 0 for s in (2, 3, 4))
+    replaying = [m for m in steps.values() if m["replay/groups"] > 0]
+    assert replaying, "nothing was replayed: the test proves nothing"
+    assert steps[1]["compute/rollouts/train"] == 8 * 4  # B x rollout.n, all fresh
+    for m in replaying:
+        assert m["compute/rollouts/train"] == 8 * 4 / 2  # only the fresh half is generated
+        assert m["rollout/engine_logprob_diff_max"] < 1e-4  # replayed rows are left out
 
 
 CHECKS = {"lze-release-hive": _release_hive, "greso": _greso, "lze-refill": _lze_refill,
-          "speed": _speed, "dots": _dots}
+          "speed": _speed, "dots-replay": _dots_replay}
 
 
 # Every setting whose default follows another (docs/config.md, "Defaults that follow other
 # settings") at that default on the tiny preset (G = 4, B = 8), with the switches that combine
-# with it: a 2-step run each. config.py's tests load every switch on tiny and demo.
+# with it: a 2-step run each, unless a switch above runs it. config.py's tests load every switch
+# on tiny and demo.
+# SPEED's screening, DOTS's reference count and HIVE's pool run at their derived defaults in the
+# switches above (with resume).
 DEFAULTS = {
-    "speed-greso-top-energy": ["selection.method=speed", "selection.speed.prefilter=greso",
-                               "selection.keep_top_energy=true"],  # screening 2 of 4
-    "dots-replay": ["selection.method=dots", "replay.ratio=0.5"],  # K = 4 references
     "lze-allocation-prune-release": ["selection.method=lze", "rollout.allocation=true",
                                      "selection.prune=true",
                                      "selection.keep_ratio_schedule=release"],  # n_max = 8
@@ -131,6 +142,7 @@ SHORT_RUN = ["rollout.engine=vllm", "trainer.total_steps=2", "trainer.eval_every
 
 @pytest.mark.parametrize("switch", sorted(DEFAULTS))
 def test_every_derived_default_runs(switch, tmp_path):
-    result = train(tmp_path / switch, *SHORT_RUN, *DEFAULTS[switch])
+    # One rank: what is checked is that the derived value runs; the switches above run two.
+    result = train(tmp_path / switch, *SHORT_RUN, *DEFAULTS[switch], nproc=1)
     assert result.returncode == 0, tail(result)
     assert sorted(_steps(tmp_path / switch)) == [1, 2]

@@ -87,7 +87,8 @@ class RolloutConfig:
     tensor_parallel_size: int = setting(1, "vLLM tensor parallelism across consecutive ranks")
     gpu_memory_utilization: float = setting(0.4, "vLLM share of GPU memory (colocated with the "
                                             "actor)")
-    cpu_kv_cache_gib: float = setting(1.0, "vLLM CPU KV cache (VLLM_CPU_KVCACHE_SPACE); CPU only")
+    cpu_kv_cache_gib: float = setting(1.0, "vLLM CPU KV cache in GiB, fractions allowed; CPU "
+                                      "only (VLLM_CPU_KVCACHE_SPACE, if set, wins)")
     max_model_len: Optional[int] = setting(None, "vLLM context (null: data.max_prompt_tokens + "
                                            "rollout.max_new_tokens)")
     enforce_eager: Optional[bool] = setting(None, "no CUDA graphs / torch.compile (null: true on "
@@ -484,8 +485,8 @@ def validate(c: Config) -> None:
     """Checks that span fields or ranges that types cannot express."""
     _positive(c, "trainer.batch_size", "trainer.total_steps", "rollout.n", "rollout.max_new_tokens",
               "actor.ppo_epochs", "actor.mini_batches",
-              "data.max_prompt_tokens", "rollout.tensor_parallel_size", "reward.num_workers",
-              "trainer.log_every", "rollout.eval_samples", "selection.prune_after")
+              "data.max_prompt_tokens", "rollout.tensor_parallel_size", "rollout.cpu_kv_cache_gib",
+              "reward.num_workers", "trainer.log_every", "rollout.eval_samples", "selection.prune_after")
     _non_negative(c, "trainer.eval_every", "trainer.save_every", "selection.warmup_steps",
                   "actor.lr_warmup_steps", "actor.grad_clip", "actor.kl_coef", "actor.weight_decay",
                   "sft_warmup.steps", "trainer.threads_per_rank", "actor.lr", "actor.entropy_every")

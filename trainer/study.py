@@ -134,9 +134,11 @@ REGIMES: dict[str, Regime] = {
                         ("lze-prune", "greso-lze", "lze-hive", "speed-greso-lze"),
                         ("flops", "wall_s", "rollout_tokens"), ("grpo", "lze-prune")),
 }
-# The quick pipeline check: a few steps on a small held-out set.
+# The quick pipeline check: a few steps on a small held-out set, a KV cache sized for them, and
+# one thread a rank (CI runs it beside other tests).
 QUICK_OVERRIDES = ["trainer.total_steps=4", "trainer.eval_every=2", "data.eval_limit=96",
-                   "rollout.eval_samples=2", "trainer.save_hf_model=false"]
+                   "rollout.eval_samples=2", "trainer.save_hf_model=false",
+                   "rollout.cpu_kv_cache_gib=0.125", "trainer.threads_per_rank=1"]
 _VARIANT = re.compile(r"^(?P<method>.+)-lr(?P<factor>[0-9.]+)$")
 
 

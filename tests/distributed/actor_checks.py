@@ -11,6 +11,7 @@ step's policy-gradient objective.
 """
 
 import json
+import os
 import random
 import sys
 
@@ -119,8 +120,12 @@ def check_nonfinite(world, model_dir, out):
             json.dump(results, f)
 
 
+CHECKS = {"update": check_update, "nonfinite": check_nonfinite}
+
 if __name__ == "__main__":
-    mode, model_dir, out = sys.argv[1:4]
+    # modes: comma-separated checks run in this one launch, each writing <out folder>/<mode>
+    modes, model_dir, out = sys.argv[1:4]
     world = D.init("cpu", 1)
-    {"update": check_update, "nonfinite": check_nonfinite}[mode](world, model_dir, out)
+    for mode in modes.split(","):
+        CHECKS[mode](world, model_dir, os.path.join(out, mode))
     D.shutdown()

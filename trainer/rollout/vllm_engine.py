@@ -42,14 +42,15 @@ class VLLMEngine:
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(
             _RotaryReloadFilter())
         self.on_gpu = on_gpu = world.device.type == "cuda"
-        if not on_gpu:
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", _gib(cfg.rollout.cpu_kv_cache_gib))
         from vllm import LLM
 
         r = cfg.rollout
         self.tp = r.tensor_parallel_size
         self.sleep_mode = on_gpu if r.sleep_mode is None else r.sleep_mode
         self.tp_group = _tensor_parallel_group(world.size, self.tp)
+        enforce_eager = (not on_gpu) if r.enforce_eager is None else r.enforce_eager
+        if enforce_eager and not on_gpu:
+            _no_torch_compile()
         self.llm = LLM(
             model=model_dir,
             tokenizer=model_dir,
@@ -59,10 +60,11 @@ class VLLMEngine:
             seed=world.rank // self.tp,
             gpu_memory_utilization=r.gpu_memory_utilization,
             max_model_len=max_model_len,
-            enforce_eager=(not on_gpu) if r.enforce_eager is None else r.enforce_eager,
+            enforce_eager=enforce_eager,
             enable_sleep_mode=self.sleep_mode,
             logprobs_mode="processed_logprobs",
             trust_remote_code=cfg.model.trust_remote_code,
+            **_cpu_kv_cache(cfg, on_gpu),
         )
         self._sleeping: set[str] = set()  # tags released by sleep(): weights, kv_cache
         dist.barrier()  # every engine is up before any rank starts collectives of its own
@@ -150,5 +152,20 @@ def _engine_dtype(cfg, on_gpu: bool) -> str:
     return "bfloat16" if on_gpu else "float32"
 
 
-def _gib(value: float) -> str:
-    return str(max(1, round(value)))
+def _no_torch_compile() -> None:
+    """An eager CPU engine compiles nothing: vLLM still wraps a few sampler helpers in
+    torch.compile (inductor), whose first call took some 5 CPU seconds a rank at every start
+    and never pays back on a CPU. The trainer compiles nothing itself; the switch is
+    process-wide (torch._dynamo.config.disable), so compiled functions run as plain Python."""
+    import torch._dynamo
+
+    torch._dynamo.config.disable = True
+
+
+def _cpu_kv_cache(cfg, on_gpu: bool) -> dict:
+    """The KV cache of a CPU engine, as an explicit size: vLLM's CPU worker then allocates (and
+    zeroes) only that and skips its warm-up pass. VLLM_CPU_KVCACHE_SPACE, whole GiB, overrides it
+    inside vLLM when set; zeroing a 1 GiB default took some 3 s per engine start."""
+    if on_gpu:
+        return {}
+    return {"kv_cache_memory_bytes": int(cfg.rollout.cpu_kv_cache_gib * 2**30)}

@@ -1,0 +1,105 @@
+"""The per-test time record `make test` keeps (tests/timing_plugin.py) and the report and guard
+built from it (tools/test_times.py): stage table, slowest tests, and a file over its share of
+the budget failing the run."""
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+import test_times  # noqa: E402
+
+
+def _record(nodeid, cpu, wall=None, suite="main"):
+    return {"nodeid": nodeid, "file": nodeid.split("::")[0], "cpu_s": cpu,
+            "wall_s": cpu if wall is None else wall, "suite": suite}
+
+
+def _budgets(files, default=10.0, stages=None):
+    return {"tolerance": 1.5, "default_file_cpu_s": default, "files": files,
+            "stages": stages or {"main suite": 60}, "concurrent": [], "total_s": 300}
+
+
+def test_a_file_over_its_share_is_named_and_fails():
+    records = [_record("tests/test_a.py::t1", 20.0), _record("tests/test_a.py::t2", 20.0),
+               _record("tests/test_b.py::t", 5.0)]
+    over = test_times.files_over_budget(records, _budgets({"tests/test_a.py": 25.0}))
+    assert [(o.file, o.cpu_s, o.budget_s) for o in over] == [("tests/test_a.py", 40.0, 25.0)]
+
+
+def test_the_tolerance_absorbs_noise_below_it_and_unlisted_files_get_the_default():
+    records = [_record("tests/test_a.py::t", 37.0), _record("tests/test_new.py::t", 16.0)]
+    over = test_times.files_over_budget(records, _budgets({"tests/test_a.py": 25.0}))
+    assert [o.file for o in over] == ["tests/test_new.py"]  # 37 <= 1.5 x 25; 16 > 1.5 x 10
+
+
+def test_the_same_file_in_two_suites_is_budgeted_per_suite():
+    records = [_record("tests/test_a.py::t", 30.0, suite="main"),
+               _record("tests/test_a.py::t", 30.0, suite="triton")]
+    budgets = _budgets({"tests/test_a.py": 25.0})
+    assert test_times.files_over_budget(records, budgets) == []
+
+
+def test_the_report_lists_stages_slowest_tests_and_the_verdict(tmp_path):
+    stages = tmp_path / "stages.tsv"
+    stages.write_text("set-up\t200.5\t0\nmain suite\t61.0\t0\n")
+    times = tmp_path / "tests"
+    times.mkdir()
+    with open(times / "main-gw0.jsonl", "w") as f:
+        for i in range(30):
+            f.write(json.dumps(_record(f"tests/test_a.py::t{i}", 0.1 * i)) + "\n")
+    budgets = tmp_path / "budgets.json"
+    budgets.write_text(json.dumps(_budgets({"tests/test_a.py": 10.0},
+                                           stages={"set-up": 240, "main suite": 60})))
+    result = subprocess.run([sys.executable, str(ROOT / "tools" / "test_times.py"), "report",
+                             "--stages", str(stages), "--tests", str(times), "--budgets",
+                             str(budgets), "--json", str(tmp_path / "out.json")],
+                            capture_output=True, text=True)
+    out = result.stdout
+    assert result.returncode == 1, out  # 43.5 CPU-s in test_a.py, over 1.5 x 10
+    assert "set-up" in out and "200.5" in out and "over" in out  # main suite 61 > 60: marked
+    assert out.count("tests/test_a.py::t") == 25 and "tests/test_a.py::t29" in out
+    assert "tests/test_a.py::t0 " not in out  # not among the 25 slowest
+    assert "FAILED: tests/test_a.py" in out
+    summary = json.loads((tmp_path / "out.json").read_text())
+    assert summary["stages"]["main suite"]["seconds"] == 61.0
+    assert summary["files"]["main"]["tests/test_a.py"]["cpu_s"] == pytest.approx(43.5)
+
+
+def test_the_plugin_records_cpu_time_of_the_test_and_its_children(tmp_path):
+    """A test that burns CPU in a child process is charged for it, setup included."""
+    tests = tmp_path / "t"
+    tests.mkdir()
+    (tests / "conftest.py").write_text("pytest_plugins = ['timing_plugin']\n")
+    (tests / "test_burn.py").write_text(textwrap.dedent("""
+        import subprocess, sys
+        def test_child_burns():
+            subprocess.run([sys.executable, "-c", "s = 0\\nfor i in range(3_000_000): s += i"])
+        def test_idle():
+            pass
+    """))
+    out = tmp_path / "times"
+    env = {"LZE_TEST_TIMES": str(out), "LZE_TEST_SUITE": "demo",
+           "PYTHONPATH": str(ROOT / "tests"), "PATH": "/usr/bin:/bin"}
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tests)],
+                   env=env, check=True, capture_output=True, cwd=tmp_path)
+    records = test_times.read_records(out)
+    by_name = {r["nodeid"].split("::")[1]: r for r in records}
+    assert set(by_name) == {"test_child_burns", "test_idle"}
+    assert by_name["test_child_burns"]["cpu_s"] > 0.05 > by_name["test_idle"]["cpu_s"]
+    assert all(r["suite"] == "demo" and r["file"].endswith("test_burn.py") for r in records)
+
+
+def test_the_committed_budgets_fit_the_ci_budget():
+    """The stages that run one after another add up to at most the 20 minutes `make test` may
+    take on a quiet 2-core machine; a stage that runs beside another is not added."""
+    budgets = test_times.load_budgets(ROOT / "tests" / "time_budgets.json")
+    serial = [s for name, s in budgets["stages"].items() if name not in budgets["concurrent"]]
+    assert sum(serial) <= budgets["total_s"] <= 20 * 60
+    assert set(budgets["concurrent"]) <= set(budgets["stages"])
+    assert all(seconds > 0 for seconds in budgets["files"].values())

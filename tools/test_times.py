@@ -1,0 +1,155 @@
+"""Where `make test`'s minutes go, and the guard that keeps them inside CI's budget.
+
+``mark start|end STAGE`` (from the Makefile's recipes) appends a stage's wall seconds to
+``$LZE_STAGE_TIMES`` (nothing when it is unset, e.g. a plain `make setup`). ``report`` prints
+the stage table against each stage's budget, the slowest tests of every suite with their wall
+and CPU seconds (tests/timing_plugin.py records them), and fails (exit 1) when a test file's CPU
+seconds in one suite pass its share: its budget in tests/time_budgets.json times the tolerance
+there (files not listed get the default share). CPU seconds, not wall, are guarded: they move
+little when the machine is busy, so the verdict does not depend on the load. Standard library
+only: it runs before any venv exists and in every venv.
+
+Usage: python tools/test_times.py report --stages F --tests DIR --budgets F [--json OUT]
+       python tools/test_times.py mark start|end STAGE
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+SLOWEST = 25
+TOTAL = "make test"  # the stage the whole run marks
+
+
+@dataclass(frozen=True)
+class OverBudget:
+    suite: str
+    file: str
+    cpu_s: float
+    budget_s: float
+
+
+def load_budgets(path: Path) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+def read_records(folder: Path) -> list[dict]:
+    records = []
+    for path in sorted(Path(folder).glob("*.jsonl")):
+        records += [json.loads(line) for line in path.read_text().splitlines() if line]
+    return records
+
+
+def file_totals(records: list[dict]) -> dict[str, dict[str, dict[str, float]]]:
+    """suite -> file -> {"cpu_s", "wall_s", "tests"}."""
+    totals: dict = defaultdict(lambda: defaultdict(lambda: {"cpu_s": 0.0, "wall_s": 0.0,
+                                                             "tests": 0}))
+    for r in records:
+        entry = totals[r["suite"]][r["file"]]
+        entry["cpu_s"] += r["cpu_s"]
+        entry["wall_s"] += r["wall_s"]
+        entry["tests"] += 1
+    return {suite: dict(files) for suite, files in totals.items()}
+
+
+def files_over_budget(records: list[dict], budgets: dict) -> list[OverBudget]:
+    """The files whose CPU seconds in a suite pass tolerance x their budget."""
+    over = []
+    for suite, files in sorted(file_totals(records).items()):
+        for file, entry in sorted(files.items()):
+            budget = budgets["files"].get(file, budgets["default_file_cpu_s"])
+            if entry["cpu_s"] > budgets["tolerance"] * budget:
+                over.append(OverBudget(suite, file, round(entry["cpu_s"], 1), budget))
+    return over
+
+
+def read_stages(path: Path) -> dict[str, float]:
+    stages: dict[str, float] = {}
+    if Path(path).exists():
+        for line in Path(path).read_text().splitlines():
+            name, seconds = line.split("\t")[:2]
+            stages[name] = stages.get(name, 0.0) + float(seconds)
+    return stages
+
+
+def render(stages: dict[str, float], records: list[dict], budgets: dict,
+           over: list[OverBudget]) -> str:
+    lines = ["", "make test: stages (wall seconds; beside the set-up: "
+             f"{', '.join(budgets['concurrent'])})",
+             f"{'stage':<24}{'seconds':>10}{'budget':>10}"]
+    for name, budget in budgets["stages"].items():
+        seconds = stages.get(name)
+        shown = "up to date" if seconds is None else f"{seconds:.1f}"
+        flag = "  over" if seconds is not None and seconds > budget else ""
+        lines.append(f"{name:<24}{shown:>10}{budget:>10}{flag}")
+    total = stages.get(TOTAL, sum(s for name, s in stages.items()
+                                  if name not in budgets["concurrent"]))
+    flag = "  over" if total > budgets["total_s"] else ""
+    lines.append(f"{TOTAL:<24}{total:>10.1f}{budgets['total_s']:>10}{flag}")
+    lines += ["", f"{SLOWEST} slowest tests (wall s, CPU s incl. child processes, suite)"]
+    for r in sorted(records, key=lambda r: r["wall_s"], reverse=True)[:SLOWEST]:
+        lines.append(f"{r['wall_s']:8.1f} {r['cpu_s']:8.1f}  {r['suite']:<7} {r['nodeid']}")
+    for o in over:
+        lines.append(f"FAILED: {o.file} took {o.cpu_s} CPU s in the {o.suite} suite, over "
+                     f"{budgets['tolerance']} x its share of {o.budget_s} s "
+                     f"(tests/time_budgets.json): make it faster, or raise its share and say why")
+    return "\n".join(lines)
+
+
+def summary(stages: dict[str, float], records: list[dict]) -> dict:
+    return {"stages": {name: {"seconds": round(s, 1)} for name, s in stages.items()},
+            "files": {suite: {f: {k: round(v, 1) for k, v in e.items()} for f, e in files.items()}
+                      for suite, files in file_totals(records).items()}}
+
+
+def report(args) -> int:
+    budgets = load_budgets(args.budgets)
+    stages, records = read_stages(args.stages), read_records(args.tests)
+    over = files_over_budget(records, budgets)
+    print(render(stages, records, budgets, over))
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary(stages, records), indent=1) + "\n")
+    return 1 if over else 0
+
+
+def mark(args) -> int:
+    """Stage start/end stamps, kept next to the stage file until the stage ends."""
+    target = os.environ.get("LZE_STAGE_TIMES")
+    if not target:
+        return 0
+    stamp = Path(target).with_name(f".{args.stage.replace(' ', '_')}.start")
+    stamp.parent.mkdir(parents=True, exist_ok=True)
+    if args.when == "start":
+        stamp.write_text(str(time.time()))
+    else:
+        seconds = time.time() - float(stamp.read_text())
+        stamp.unlink()
+        with open(target, "a") as f:
+            f.write(f"{args.stage}\t{seconds:.1f}\n")
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    rep = sub.add_parser("report")
+    rep.add_argument("--stages", type=Path, required=True)
+    rep.add_argument("--tests", type=Path, required=True)
+    rep.add_argument("--budgets", type=Path, required=True)
+    rep.add_argument("--json", type=Path)
+    mk = sub.add_parser("mark")
+    mk.add_argument("when", choices=("start", "end"))
+    mk.add_argument("stage")
+    args = parser.parse_args(argv)
+    return report(args) if args.command == "report" else mark(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
