@@ -41,10 +41,11 @@ RULES = (
     Rule("prompts", "python", 'open("prompts.jsonl", "w")',
          "run in a scratch folder (fast); the file is the data of the next blocks"),
     Rule("trl", "python", "LZEGRPOTrainer(",
-         "compiled and its imports checked (fast); run as written with the lines of "
-         "trl-small before its `trainer = ` line (slow)"),
+         "compiled (fast); run as written, its imports too, with the lines of trl-small before "
+         "its `trainer = ` line (slow)"),
     Rule("trl-small", "python", 'resolve("warm:demo")',
-         "added to the trl block for its run (slow), as the README says"),
+         "its imports checked (fast); added to the trl block for its run (slow), as the README "
+         "says"),
     Rule("reward", "python", "# my_reward.py",
          "written to my_reward.py and its function called (fast)"),
     Rule("trainer", "bash", "python -m lze_trainer --print-config $RUN",
