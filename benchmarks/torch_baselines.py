@@ -1,8 +1,14 @@
-"""The PyTorch a user would write instead of the fused step: two baselines of one LZE step.
+"""The PyTorch a user would write instead of the fused step: three baselines of one LZE step.
 
-``PlainTorchSelector``: the step in plain vectorised PyTorch, one line per formula, with the same
-semantics as ``LZESelector.step`` (valid mask, Gumbel noise, the tie rule) and no host sync; the
-benchmark runs it eager and under ``torch.compile``.
+``LeanTorchStep``: the shortest step a user would write, about twenty ops (mean, std, advantages,
+the gather and scatter of three state tensors, energy, ``torch.topk(E, k, sorted=False)``; the
+valid mask as a ``torch.where`` and ``torch.rand`` Gumbel noise when they are on). It is the
+strongest thing to compare against: the benchmarks run it eager, under
+``torch.compile(fullgraph=True, dynamic=False)`` per B, and (GPU) with ``mode="reduce-overhead"``.
+
+``PlainTorchSelector`` ("feature parity"): the step in plain vectorised PyTorch, one line per
+formula, with the same semantics as ``LZESelector.step`` (valid mask, Gumbel noise, the tie
+rule, the streak state and the pruner) and no host sync.
 
 ``VectorisedSelector``: one LZE selection step as a verl user writes it on the device.
 
@@ -30,6 +36,45 @@ import torch
 from lze_kernels import LZEConfig
 from lze_kernels.layout import SOLVED_THRESHOLD
 from lze_kernels.reference import gumbel_noise
+
+
+class LeanTorchStep:
+    """docs/spec.md §2-3 as the shortest plain PyTorch (no streaks, pruning, tie rule or
+    reproducible noise): what a user who needs only advantages, energies and a top-k writes.
+    ``step`` returns advantages, pass rate, energy, momentum and the k kept rows (unsorted)."""
+
+    def __init__(self, num_prompts: int, config: LZEConfig | None = None, device="cpu"):
+        self.config = config or LZEConfig()
+        self.d_init = torch.zeros(num_prompts, device=device)
+        self.ema = torch.zeros(num_prompts, device=device)
+        self.seen = torch.zeros(num_prompts, dtype=torch.bool, device=device)
+
+    def step(self, rewards: torch.Tensor, prompt_ids: torch.Tensor,
+             valid: torch.Tensor | None = None):
+        cfg = self.config
+        if valid is None:
+            p, std = rewards.mean(1), rewards.std(1)
+            centred = rewards - p[:, None]
+        else:
+            n = valid.sum(1)
+            p = torch.where(valid, rewards, 0.0).sum(1) / n.clamp_min(1)
+            centred = torch.where(valid, rewards - p[:, None], 0.0)
+            std = (centred.square().sum(1) / (n - 1).clamp_min(1)).sqrt()
+        advantages = centred / (std[:, None] + cfg.eps)
+        seen, ema = self.seen[prompt_ids], self.ema[prompt_ids]
+        d = torch.where(seen, self.d_init[prompt_ids], (1 - p).clamp_min(cfg.d_min))
+        momentum = torch.where(seen, (2 * (p - ema).abs()).clamp_max(1.0), 0.0)
+        energy = d * (4 * p * (1 - p)) * (1 + cfg.alpha * momentum)
+        self.d_init[prompt_ids] = d
+        self.ema[prompt_ids] = torch.where(seen, cfg.beta * ema + (1 - cfg.beta) * p, p)
+        self.seen[prompt_ids] = True
+        score = energy
+        if cfg.noise_scale > 0:
+            u = torch.rand_like(energy).clamp(1e-7, 1 - 1e-7)
+            spread = (energy.amax() - energy.amin()).clamp_min(0.01)
+            score = energy - cfg.noise_scale * spread * (-u.log()).log()
+        kept = torch.topk(score, cfg.num_keep(energy.shape[0]), sorted=False).indices
+        return advantages, p, energy, momentum, kept
 
 
 class PlainTorchSelector:

@@ -2,7 +2,7 @@
 // backend module: LZE_BIND_CPU for the C++ CPU kernels, LZE_BIND_CUDA for the CUDA kernels
 // (built by nvcc, or by g++ against the CUDA emulator). Tensors cross as data pointers (ints) so
 // the build needs no torch; lze_kernels/native.py owns the torch side (shapes, dtypes, streams,
-// thread counts).
+// thread counts, output buffers).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -13,12 +13,17 @@
 #include "lze_kernels.h"
 #elif defined(LZE_BIND_CUDA)
 #include "cuda/lze_cuda.h"
+#if !defined(LZE_CUDA_EMULATION)
+#include <cuda_runtime.h>
+#endif
 #else
 #error "define LZE_BIND_CPU or LZE_BIND_CUDA"
 #endif
 
 #if defined(LZE_CUDA_EMULATION)
 extern "C" uint64_t lze_emu_take_row_reads();  // csrc/emu/emu_kernels.cpp
+extern "C" uint64_t lze_emu_take_launches();
+extern "C" void lze_emu_take_state_sectors(uint64_t* accesses, uint64_t* sectors);
 #endif
 
 namespace py = pybind11;
@@ -35,12 +40,14 @@ T* as_ptr(std::uintptr_t address) {
 #if defined(LZE_BIND_CPU)
 using LaunchArg = std::pair<int32_t, bool>;
 #define LZE_STEP lze_step_cpu
+#define LZE_SELECT_STEP lze_select_step_cpu
 lze::ThreadBudget launch_arg(LaunchArg budget) {
   return lze::ThreadBudget{budget.first, budget.second ? 1 : 0};
 }
 #else
 using LaunchArg = std::uintptr_t;
 #define LZE_STEP lze_step_cuda
+#define LZE_SELECT_STEP lze_select_step_cuda
 void* launch_arg(LaunchArg stream) { return as_ptr<void>(stream); }
 #endif
 
@@ -50,18 +57,18 @@ lze::Params make_params(float beta, float one_minus_beta, float d_min, float alp
 }
 
 int step(std::uintptr_t rewards, int32_t rewards_dtype, std::uintptr_t valid,
-         std::uintptr_t prompt_ids, int64_t B, int64_t G, int64_t N, std::uintptr_t fstate,
-         std::uintptr_t istate, std::uintptr_t step_counter, std::uintptr_t advantages,
-         std::uintptr_t pass_rate, std::uintptr_t energy, std::uintptr_t momentum,
-         std::uintptr_t fault, float beta, float one_minus_beta, float d_min, float alpha,
-         float eps, bool norm_by_std, int32_t prune_after, LaunchArg launch) {
+         std::uintptr_t prompt_ids, int64_t B, int64_t G, int64_t N, std::uintptr_t records,
+         std::uintptr_t step_counter, std::uintptr_t advantages, std::uintptr_t pass_rate,
+         std::uintptr_t energy, std::uintptr_t momentum, std::uintptr_t fault, float beta,
+         float one_minus_beta, float d_min, float alpha, float eps, bool norm_by_std,
+         int32_t prune_after, LaunchArg launch) {
   const lze::Params params =
       make_params(beta, one_minus_beta, d_min, alpha, eps, norm_by_std, prune_after);
   return LZE_STEP(as_ptr<const void>(rewards), rewards_dtype, as_ptr<const uint8_t>(valid),
-                  as_ptr<const int64_t>(prompt_ids), B, G, N, as_ptr<float>(fstate),
-                  as_ptr<int32_t>(istate), as_ptr<int64_t>(step_counter),
-                  as_ptr<float>(advantages), as_ptr<float>(pass_rate), as_ptr<float>(energy),
-                  as_ptr<float>(momentum), as_ptr<int32_t>(fault), params, launch_arg(launch));
+                  as_ptr<const int64_t>(prompt_ids), B, G, N, as_ptr<int32_t>(records),
+                  as_ptr<int64_t>(step_counter), as_ptr<float>(advantages),
+                  as_ptr<float>(pass_rate), as_ptr<float>(energy), as_ptr<float>(momentum),
+                  as_ptr<int32_t>(fault), params, launch_arg(launch));
 }
 
 #if defined(LZE_BIND_CPU)
@@ -84,6 +91,55 @@ int topk(std::uintptr_t energy, int64_t B, int64_t k, float noise_scale, uint32_
 }
 #endif
 
+// A selection step's arguments that stay put from step to step (the state, the outputs, the
+// workspace, the parameters), held on the C++ side so that a step passes only what changes: the
+// inputs, the undo buffer and the stream or thread budget (lze_kernels/native.py: StepPlan).
+struct SelectStepCall {
+  lze::SelectStep call{};
+
+  int run(std::uintptr_t rewards, int32_t rewards_dtype, std::uintptr_t valid,
+          std::uintptr_t prompt_ids, std::uintptr_t undo, LaunchArg launch) {
+    lze::SelectStep s = call;
+    s.rewards = as_ptr<const void>(rewards);
+    s.rewards_dtype = rewards_dtype;
+    s.valid = as_ptr<const uint8_t>(valid);
+    s.prompt_ids = as_ptr<const int64_t>(prompt_ids);
+    s.undo = as_ptr<int32_t>(undo);
+    return LZE_SELECT_STEP(&s, launch_arg(launch));
+  }
+};
+
+SelectStepCall make_select_step(int64_t B, int64_t G, int64_t N, int64_t k,
+                                std::uintptr_t records, std::uintptr_t step_counter,
+                                std::uintptr_t fault, std::uintptr_t fault_mirror,
+                                std::uintptr_t advantages, std::uintptr_t pass_rate,
+                                std::uintptr_t energy, std::uintptr_t momentum,
+                                std::uintptr_t keep_mask, std::uintptr_t kept_indices,
+                                std::uintptr_t num_kept, std::uintptr_t workspace, float beta,
+                                float one_minus_beta, float d_min, float alpha, float eps,
+                                bool norm_by_std, int32_t prune_after, float noise_scale,
+                                uint32_t seed) {
+  SelectStepCall c;
+  lze::SelectStep& s = c.call;
+  s.B = B, s.G = G, s.N = N, s.k = k;
+  s.records = as_ptr<int32_t>(records);
+  s.step_counter = as_ptr<int64_t>(step_counter);
+  s.fault = as_ptr<int32_t>(fault);
+  s.fault_mirror = as_ptr<int32_t>(fault_mirror);
+  s.advantages = as_ptr<float>(advantages);
+  s.pass_rate = as_ptr<float>(pass_rate);
+  s.energy = as_ptr<float>(energy);
+  s.momentum = as_ptr<float>(momentum);
+  s.keep_mask = as_ptr<uint8_t>(keep_mask);
+  s.kept_indices = as_ptr<int64_t>(kept_indices);
+  s.num_kept = as_ptr<int64_t>(num_kept);
+  s.workspace = as_ptr<void>(workspace);
+  s.params = make_params(beta, one_minus_beta, d_min, alpha, eps, norm_by_std, prune_after);
+  s.noise_scale = noise_scale;
+  s.seed = seed;
+  return c;
+}
+
 #if defined(LZE_BIND_CPU)
 int predict(std::uintptr_t queries, std::uintptr_t refs, std::uintptr_t labels, int64_t N,
             int64_t K, int64_t d, float scale, std::uintptr_t out, LaunchArg launch) {
@@ -93,6 +149,22 @@ int predict(std::uintptr_t queries, std::uintptr_t refs, std::uintptr_t labels, 
 }
 #endif
 
+// The address kernels use for host memory: under CUDA, the device pointer of pinned, mapped
+// host memory (cudaHostGetDevicePointer; 0 when the memory is not mapped); elsewhere the
+// address itself.
+std::uintptr_t mapped_pointer(std::uintptr_t host) {
+#if defined(LZE_BIND_CUDA) && !defined(LZE_CUDA_EMULATION)
+  void* device = nullptr;
+  if (cudaHostGetDevicePointer(&device, as_ptr<void>(host), 0) != cudaSuccess) {
+    cudaGetLastError();  // not sticky: clear it for the next launch's check
+    return 0;
+  }
+  return reinterpret_cast<std::uintptr_t>(device);
+#else
+  return host;
+#endif
+}
+
 }  // namespace
 
 PYBIND11_MODULE(LZE_MODULE_NAME, m) {
@@ -101,13 +173,31 @@ PYBIND11_MODULE(LZE_MODULE_NAME, m) {
         "Fused statistics, advantages, energy and state update; returns an error code.");
   m.def("topk", &topk, py::call_guard<py::gil_scoped_release>(),
         "Fixed-shape top-k selection by energy with optional Gumbel noise; returns an error code.");
+  py::class_<SelectStepCall>(m, "SelectStep",
+                             "A selection step's fixed arguments; run() is one step.")
+      .def("run", &SelectStepCall::run, py::call_guard<py::gil_scoped_release>(),
+           "One selection step (step and top-k) on these inputs; returns an error code.");
+  m.def("select_step", &make_select_step,
+        "The fixed arguments of selection steps over one (B, G): state, outputs, parameters.");
+  m.def("mapped_pointer", &mapped_pointer,
+        "The address kernels use for a host buffer (CUDA: its mapped device pointer, or 0).");
 #if defined(LZE_BIND_CUDA)
   m.def("topk_workspace_bytes", &lze_topk_cuda_workspace_bytes,
         "Bytes of the device workspace topk needs for a batch of B rows (0: none).");
+  m.def("select_step_workspace_bytes", &lze_select_step_cuda_workspace_bytes,
+        "Bytes of the device workspace a selection step over (B, G) needs.");
+  m.def("select_step_launches", &lze_select_step_cuda_launches,
+        "Kernel launches of one selection step of B rows (with_undo: a checked step's copy).");
 #endif
 #if defined(LZE_CUDA_EMULATION)
   m.def("row_reads", &lze_emu_take_row_reads,
         "Reads of per-row input the kernels counted since the last call (then reset to 0).");
+  m.def("launches", &lze_emu_take_launches, "Kernel launches since the last call.");
+  m.def("state_sectors", [] {
+    uint64_t accesses = 0, sectors = 0;
+    lze_emu_take_state_sectors(&accesses, &sectors);
+    return std::make_pair(accesses, sectors);
+  }, "(accesses to the per-prompt state, distinct 32-byte sectors touched) since the last call.");
 #endif
 #if defined(LZE_BIND_CPU)
   m.def("predict", &predict, py::call_guard<py::gil_scoped_release>(),

@@ -20,10 +20,14 @@
 
 namespace lze {
 
-// Layout of the persistent per-prompt state (struct of two 16-byte rows, so a gather is one
-// aligned 16-byte load per table on a GPU). Mirrored by lze_kernels/layout.py.
+// Layout of the persistent per-prompt state: one 32-byte record per prompt, its four float fields
+// then its four int fields (a PromptState, below), so that on a GPU a prompt's state is one
+// 32-byte sector: its gather, claim and scatter touch one random sector per row (two 16-byte
+// loads and stores of it). Mirrored by lze_kernels/layout.py.
 enum FloatField : int { kDInit = 0, kEma = 1, kLastPassRate = 2, kLastEnergy = 3, kNumFloatFields = 4 };
 enum IntField : int { kSeen = 0, kSolvedStreak = 1, kFlags = 2, kClaim = 3, kNumIntFields = 4 };
+// 32-bit words per record, and the word where the int fields start.
+enum RecordWord : int { kRecordWords = 8, kIntFieldsAt = 4 };
 enum Flag : int32_t { kFlagPruned = 1, kFlagReplay = 2 };
 
 // Fault bits recorded in the device-side fault word when check_inputs is off.
@@ -127,7 +131,7 @@ LZE_HD float ema_update(float ema, float p, const Params& prm) {
   return prm.beta * ema + prm.one_minus_beta * p;
 }
 
-// One prompt's state: its fstate row then its istate row, field order as the enums above.
+// One prompt's state record: its float fields then its int fields, in the order of the enums above.
 struct PromptState {
   float d_init, ema, last_pass_rate, last_energy;
   int32_t seen, solved_streak, flags, claim;

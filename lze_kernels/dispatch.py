@@ -1,9 +1,11 @@
 """Backend registry and the ``backend="auto"`` rule.
 
-Every backend exposes the same two functions with the semantics of :mod:`lze_kernels.reference`:
+Every backend exposes the same functions with the semantics of :mod:`lze_kernels.reference`:
 
 * ``step(rewards, valid, prompt_ids, state, params) -> StepStats`` (one fused launch)
-* ``topk(energy, k, noise_scale, seed, step_counter) -> Selection`` (one launch)
+* ``topk(energy, k, noise_scale, seed, step_counter) -> Selection`` (one launch or a few)
+* ``runner(state, params, selection, faults)``: what runs a selector's steps
+  (:mod:`lze_kernels.runners`: one native call a step on the compiled backends)
 
 and may expose ``predict(query_emb, ref_emb, ref_pass, scale) -> [N] fp32`` (the DOTS
 prediction, :mod:`lze_kernels.dots`; ``has_op("predict")`` says whether it does).
@@ -25,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from . import native, reference
+from . import native, reference, runners
 
 NAMES = ("auto", "torch", "triton", "cuda", "cpu", "cuda_emulated")
 
@@ -41,18 +43,22 @@ class TorchBackend:
         return True
 
     @staticmethod
-    def step(rewards, valid, prompt_ids, state, params):
-        return reference.lze_step(rewards, valid, prompt_ids, state, params)
+    def step(rewards, valid, prompt_ids, state, params, fault_mirror=None):
+        stats = reference.lze_step(rewards, valid, prompt_ids, state, params)
+        if fault_mirror is not None:  # host memory: on a GPU a copy behind the step
+            fault_mirror.copy_(state.fault, non_blocking=True)
+        return stats
 
     @staticmethod
     def topk(energy, k, noise_scale, seed, step_counter):
         return reference.topk_select(energy, k, noise_scale, seed, step_counter[0])
 
+    def runner(self, state, params, selection, faults):
+        return runners.OpsRunner(self, state, params, selection, faults)
+
     @staticmethod
     def predict(query_emb, ref_emb, ref_pass, scale):
-        from . import dots
-
-        return dots.predict_pass_rates_reference(query_emb, ref_emb, ref_pass, scale)
+        return reference.predict_pass_rates_reference(query_emb, ref_emb, ref_pass, scale)
 
     @staticmethod
     def has_op(op: str) -> bool:
@@ -83,10 +89,13 @@ class TritonBackend:
         return "triton cannot be imported (pip install triton)"
 
     @staticmethod
-    def step(rewards, valid, prompt_ids, state, params):
+    def step(rewards, valid, prompt_ids, state, params, fault_mirror=None):
         return importlib.import_module("lze_kernels.triton_kernels").step(
-            rewards, valid, prompt_ids, state, params
+            rewards, valid, prompt_ids, state, params, fault_mirror
         )
+
+    def runner(self, state, params, selection, faults):
+        return runners.OpsRunner(self, state, params, selection, faults)
 
     @staticmethod
     def topk(energy, k, noise_scale, seed, step_counter):
@@ -121,6 +130,9 @@ class _Native:
 
     def available(self) -> bool:
         return self._backend.available()
+
+    def runner(self, state, params, selection, faults):
+        return runners.NativeRunner(self._backend, state, params, selection, faults)
 
 
 BACKENDS = {

@@ -13,7 +13,8 @@ are drawn without replacement with probability proportional to ``exp(-|p_hat - 1
 
 :func:`predict_pass_rates` runs on a backend (``"auto"``: the fused kernel of the device, one
 pass over the queries with an online softmax, Milakov & Gimelshein 2018, as in FlashAttention,
-Dao et al. 2022); :func:`predict_pass_rates_reference` is its oracle. The rest is PyTorch. All of
+Dao et al. 2022); :func:`predict_pass_rates_reference` (in :mod:`lze_kernels.reference`, with the
+other oracles) is its oracle. The rest is PyTorch. All of
 it is sync-free and fixed-shape.
 """
 
@@ -25,9 +26,8 @@ from typing import Optional
 import torch
 
 from . import dispatch, reference, validation
+from .reference import REFERENCE_CHUNK, predict_pass_rates_reference  # noqa: F401 (the oracle)
 
-# Queries per chunk of the reference: bounds its [chunk, K] score matrix (16 MiB at K = 1024).
-REFERENCE_CHUNK = 4096
 # A calibration whose predictions vary less than this (variance) keeps the identity.
 MIN_CALIBRATION_VARIANCE = 1e-12
 # Philox stream of the sampler's Gumbel draws (GRESO uses 2^30, the pruner's replays 2^31).
@@ -49,16 +49,6 @@ def predict_pass_rates(query_emb: torch.Tensor, ref_emb: torch.Tensor, ref_pass:
     scale = attention_scale(query_emb.shape[1], attention_tau)
     kernel = dispatch.resolve_op(backend, query_emb.device, "predict")
     return kernel.predict(query_emb, ref_emb, ref_pass.float().contiguous(), scale)
-
-
-def predict_pass_rates_reference(query_emb: torch.Tensor, ref_emb: torch.Tensor,
-                                 ref_pass: torch.Tensor, scale: float) -> torch.Tensor:
-    """The readable oracle: softmax over ``[chunk, K]`` scores, ``REFERENCE_CHUNK`` queries at a
-    time, in fp32."""
-    refs, labels = ref_emb.float(), ref_pass.float()
-    chunks = [torch.softmax((q.float() @ refs.T) * scale, dim=1) @ labels
-              for q in query_emb.split(REFERENCE_CHUNK)]
-    return torch.cat(chunks) if chunks else labels.new_empty(0)
 
 
 def calibrate_linear(predicted: torch.Tensor, actual: torch.Tensor

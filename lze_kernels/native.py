@@ -2,10 +2,12 @@
 
 The compiled modules take raw pointers (``csrc/bindings.cpp``); this module owns the torch side:
 output allocation, dtype codes, the current CUDA stream or the CPU thread budget, and the fake
-(meta) implementations
-that let ``torch.compile`` trace through the ops and CUDA graphs capture them. Each compiled
-module becomes one :class:`NativeBackend` with two ops, ``lze_kernels::step_<name>`` and
-``lze_kernels::topk_<name>``, and a third, ``lze_kernels::predict_<name>`` (the DOTS
+(meta) implementations that let ``torch.compile`` trace through the ops and CUDA graphs capture
+them. Each compiled module becomes one :class:`NativeBackend` with the ops
+``lze_kernels::step_<name>`` and ``lze_kernels::topk_<name>`` (``ops.lze_update``,
+``ops.topk_mask``), ``lze_kernels::select_step_<name>`` (a whole selection step in one native
+call, what ``LZESelector.step`` runs under ``torch.compile``; eagerly it runs through
+:mod:`lze_kernels.runners` without the dispatcher) and ``lze_kernels::predict_<name>`` (the DOTS
 prediction), where the module has a ``predict`` function (only ``_lze_cpu`` so far).
 """
 
@@ -26,7 +28,7 @@ from .layout import KernelParams, SelectorState
 from .reference import Selection, StepStats
 
 Tensor = torch.Tensor
-_STATE_ARGS = ("fstate", "istate", "step_counter", "fault")
+_STATE_ARGS = ("records", "step_counter", "fault")
 
 
 def load_module(name: str):
@@ -100,6 +102,7 @@ class NativeBackend:
         self._launch_errors: dict[str, Optional[str]] = {}  # device -> probe result
         self._step_op = self._define_step_op()
         self._topk_op = self._define_topk_op()
+        self._select_step_op = self._define_select_step_op()
         self._predict_op = self._define_predict_op()
 
     @property
@@ -155,11 +158,24 @@ class NativeBackend:
     def step(self, rewards, valid, prompt_ids, state: SelectorState, params: KernelParams):
         adv, pass_rate, energy, momentum = _eager_or_op(self._step_op, rewards)(
             rewards.contiguous(), None if valid is None else valid.contiguous(),
-            prompt_ids.contiguous(), state.fstate, state.istate, state.step_counter, state.fault,
+            prompt_ids.contiguous(), state.records, state.step_counter, state.fault,
             params.beta, params.one_minus_beta, params.d_min, params.alpha, params.eps,
             params.norm_by_std, params.prune_after,
         )
         return StepStats(adv, pass_rate, energy, momentum)
+
+    def launch_arg(self, device: torch.device):
+        """The launchers' last argument on ``device``: the CUDA stream or the CPU threads."""
+        return self._launch_arg(device)
+
+    def kernel_address(self, host: Tensor) -> int:
+        """The address the kernels write a host buffer through: under CUDA the device pointer
+        of pinned, mapped memory (``cudaHostGetDevicePointer``), elsewhere its own address."""
+        address = self.module.mapped_pointer(host.data_ptr())
+        if address == 0:
+            raise RuntimeError(f"lze_kernels: {self.name} cannot map the host buffer at "
+                               f"{host.data_ptr():#x} for the device (not pinned memory?)")
+        return address
 
     def topk(self, energy, k: int, noise_scale: float, seed: int, step_counter) -> Selection:
         keep_mask, kept, num_kept = _eager_or_op(self._topk_op, energy)(
@@ -181,8 +197,8 @@ class NativeBackend:
             device_types=self.device_type,
         )
         def step_op(
-            rewards: Tensor, valid: Optional[Tensor], prompt_ids: Tensor, fstate: Tensor,
-            istate: Tensor, step_counter: Tensor, fault: Tensor, beta: float,
+            rewards: Tensor, valid: Optional[Tensor], prompt_ids: Tensor, records: Tensor,
+            step_counter: Tensor, fault: Tensor, beta: float,
             one_minus_beta: float, d_min: float, alpha: float, eps: float, norm_by_std: bool,
             prune_after: int,
         ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -192,7 +208,7 @@ class NativeBackend:
             status = self.module.step(
                 rewards.data_ptr(), L.REWARD_DTYPE_CODES[rewards.dtype],
                 0 if valid is None else valid.data_ptr(), prompt_ids.data_ptr(),
-                batch, group, fstate.shape[0] - 1, fstate.data_ptr(), istate.data_ptr(),
+                batch, group, records.shape[0] - 1, records.data_ptr(),
                 step_counter.data_ptr(), adv.data_ptr(), pass_rate.data_ptr(),
                 energy.data_ptr(), momentum.data_ptr(), fault.data_ptr(), beta, one_minus_beta,
                 d_min, alpha, eps, norm_by_std, prune_after, self._launch_arg(rewards.device),
@@ -201,7 +217,7 @@ class NativeBackend:
             return outputs
 
         @step_op.register_fake
-        def _(rewards, valid, prompt_ids, fstate, istate, step_counter, fault, *scalars):
+        def _(rewards, valid, prompt_ids, records, step_counter, fault, *scalars):
             return _empty_step_outputs(rewards)
 
         return step_op
@@ -246,6 +262,47 @@ class NativeBackend:
         workspace = torch.empty(nbytes, dtype=torch.uint8, device=energy.device)
         return workspace, (workspace.data_ptr(),)
 
+    def _define_select_step_op(self):
+        @torch.library.custom_op(
+            f"lze_kernels::select_step_{self.name}", mutates_args=_STATE_ARGS,
+            device_types=self.device_type,
+        )
+        def select_step_op(
+            rewards: Tensor, valid: Optional[Tensor], prompt_ids: Tensor, records: Tensor,
+            step_counter: Tensor, fault: Tensor, k: int, beta: float, one_minus_beta: float,
+            d_min: float, alpha: float, eps: float, norm_by_std: bool, prune_after: int,
+            noise_scale: float, seed: int, fault_mirror: int,
+        ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+            outputs = empty_select_outputs(rewards, k)
+            batch, group = rewards.shape
+            workspace = self.select_step_workspace(batch, group, rewards.device)
+            call = self.module.select_step(
+                batch, group, records.shape[0] - 1, k, records.data_ptr(),
+                step_counter.data_ptr(), fault.data_ptr(), fault_mirror,
+                *(t.data_ptr() for t in outputs), 0 if workspace is None else workspace.data_ptr(),
+                beta, one_minus_beta, d_min, alpha, eps, norm_by_std, prune_after, noise_scale,
+                seed)
+            status = call.run(rewards.data_ptr(), L.REWARD_DTYPE_CODES[rewards.dtype],
+                              0 if valid is None else valid.data_ptr(), prompt_ids.data_ptr(), 0,
+                              self._launch_arg(rewards.device))
+            del workspace  # held until the launches are queued (see _topk_workspace)
+            _check_status(status, f"select_step ({self.name})")
+            return outputs
+
+        @select_step_op.register_fake
+        def _(rewards, valid, prompt_ids, records, step_counter, fault, k, *scalars):
+            return empty_select_outputs(rewards, k)
+
+        return select_step_op
+
+    def select_step_workspace(self, batch: int, group: int, device) -> Optional[Tensor]:
+        """The CUDA selection step's scratch (csrc/cuda/selection_plan.h), from torch's caching
+        allocator; None for modules without one."""
+        if not hasattr(self.module, "select_step_workspace_bytes"):
+            return None
+        nbytes = self.module.select_step_workspace_bytes(batch, group)
+        return torch.empty(nbytes, dtype=torch.uint8, device=device)
+
     def _define_predict_op(self):
         @torch.library.custom_op(
             f"lze_kernels::predict_{self.name}", mutates_args=(), device_types=self.device_type
@@ -275,10 +332,7 @@ def _eager_or_op(op, tensor: Tensor):
     Going through ``torch.library``'s dispatcher costs about 35 us per call on the host, which at
     small batches is most of a step (verl adapter, 128 x 8: 110 us through the ops, 35 us
     direct); the function is the same code, so results are identical."""
-    if (torch.compiler.is_compiling() or isinstance(tensor, FakeTensor)
-            or _get_current_dispatch_mode() is not None):
-        return op
-    return op._init_fn
+    return op if needs_dispatcher(tensor) else op._init_fn
 
 
 def _empty_step_outputs(rewards: Tensor):
@@ -288,6 +342,27 @@ def _empty_step_outputs(rewards: Tensor):
         torch.empty(rewards.shape, **f32), torch.empty(batch, **f32),
         torch.empty(batch, **f32), torch.empty(batch, **f32),
     )
+
+
+def empty_select_outputs(rewards: Tensor, k: int) -> tuple:
+    """A selection step's seven outputs, empty: advantages, pass rate, energy, momentum,
+    keep_mask, kept_indices and the 0-dim num_kept."""
+    return (*_empty_step_outputs(rewards), torch.empty(rewards.shape[0], dtype=torch.bool,
+                                                       device=rewards.device),
+            torch.empty(k, dtype=torch.int64, device=rewards.device),
+            torch.empty((), dtype=torch.int64, device=rewards.device))
+
+
+def needs_dispatcher(tensor: Tensor) -> bool:
+    """Whether a call on ``tensor`` must go through the registered op: ``torch.compile``
+    tracing, fake tensors or a dispatch mode (see :func:`_eager_or_op`)."""
+    return torch.compiler.is_compiling() or without_data(tensor)
+
+
+def without_data(tensor: Tensor) -> bool:
+    """Whether ``tensor`` has no values to compute with: a fake tensor, or any tensor while a
+    dispatch mode (``FakeTensorMode``, a recorder) intercepts the ops."""
+    return isinstance(tensor, FakeTensor) or _get_current_dispatch_mode() is not None
 
 
 def _empty_topk_outputs(energy: Tensor, k: int):

@@ -304,6 +304,22 @@ def _step_or_zero(step: Optional[torch.Tensor], device) -> torch.Tensor:
     return torch.zeros((), dtype=torch.int64, device=device) if step is None else step
 
 
+# ----------------------------------------------------------------------------- DOTS prediction
+
+# Queries per chunk of the reference: bounds its [chunk, K] score matrix (16 MiB at K = 1024).
+REFERENCE_CHUNK = 4096
+
+
+def predict_pass_rates_reference(query_emb: torch.Tensor, ref_emb: torch.Tensor,
+                                 ref_pass: torch.Tensor, scale: float) -> torch.Tensor:
+    """The oracle of the DOTS prediction (docs/spec.md §8, ``dots.predict_pass_rates``):
+    softmax over ``[chunk, K]`` scores, ``REFERENCE_CHUNK`` queries at a time, in fp32."""
+    refs, labels = ref_emb.float(), ref_pass.float()
+    chunks = [torch.softmax((q.float() @ refs.T) * scale, dim=1) @ labels
+              for q in query_emb.split(REFERENCE_CHUNK)]
+    return torch.cat(chunks) if chunks else labels.new_empty(0)
+
+
 # ----------------------------------------------------------------------------- forward pruner
 
 

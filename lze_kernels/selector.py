@@ -16,9 +16,11 @@ import torch
 
 from . import dispatch, reference, validation
 from . import layout as L
+from .captured import CapturedStep
 from .config import LZEConfig
-from .faults import DeferredFaults
+from .faults import FaultWord
 from .layout import KernelParams, SelectorState
+from .runners import SelectionConfig
 
 _FORMAT = "lze_kernels.selector/1"
 
@@ -59,9 +61,19 @@ class LZESelector:
         self.device = torch.empty(0, device=device).device
         self._backend = dispatch.resolve(backend, self.device)
         self._params = KernelParams.from_config(self.config)
-        self.state = SelectorState.empty(num_prompts, self.device)
-        self._deferred_faults = DeferredFaults(self.device)
+        self._state = SelectorState.empty(num_prompts, self.device)
+        self._faults = FaultWord(self.device)
+        # What runs a step: one native call on the compiled backends (lze_kernels.runners).
+        self._runner = self._backend.runner(self._state, self._params,
+                                            SelectionConfig(self.config), self._faults)
         self.epoch = 0
+
+    @property
+    def state(self) -> SelectorState:
+        """The per-prompt state (``records``, its ``fstate`` / ``istate`` views, the step counter,
+        the fault word): read it, write it in place (``load_state_dict``); the selector keeps
+        this one object for its lifetime."""
+        return self._state
 
     @property
     def backend(self) -> str:
@@ -87,59 +99,74 @@ class LZESelector:
 
         * ``True``: right after the step, which it undoes (one host sync);
         * ``None`` (default): ``True`` on a CPU; on a GPU, without a sync, at the start of a
-          later step, once the fault word's asynchronous copy has arrived (that step does not
-          run), or at :meth:`raise_if_faulted` (inside a CUDA graph capture: as ``False``);
+          later step once the step that faulted has finished (that later step does not run), or
+          at :meth:`raise_if_faulted`. The step kernel writes the fault word into host-mapped
+          memory, so this check costs what ``False`` costs, and keeps working when the step is
+          captured in a CUDA graph (:meth:`capture_step`);
         * ``False``: only at :meth:`raise_if_faulted` or a later checked step.
 
         ``kept_indices`` lists the kept groups in ascending batch position; ``sorted=True``
         orders them by descending score instead (docs/spec.md §4: O(B) more work and a sort of
         k keys).
+
+        On the compiled backends the step is one native call, and its outputs are reused by a
+        later step once nothing references them any more (lze_kernels/runners.py: never while
+        you hold any of them or a view of one).
         """
         validation.check_step_structure(rewards, prompt_ids, valid, self.device,
                                         self.num_prompts)
         when = _check_time(check_inputs, self.device)
         if when == "later":
             self._raise_arrived_faults()
-        rows_before = self.state.rows_of(prompt_ids) if when == "now" else None
-        stats = self._backend.step(rewards, valid, prompt_ids, self.state, self._params)
-        selection = self._backend.topk(
-            stats.energy, self.config.num_keep(rewards.shape[0]), self.config.noise_scale,
-            self.config.seed, self.state.step_counter,
-        )
-        if rows_before is not None:
-            self._undo_and_raise_if_faulted(rows_before)
-        elif when == "later":
-            self._deferred_faults.copy_after_step(self.state.fault)
+        stats, selection = self._runner.run(rewards, valid, prompt_ids, keep_undo=when == "now")
+        if when == "now":
+            self._undo_and_raise_if_faulted()
         if sorted:
             selection = reference.sort_by_score(selection, stats.energy, self.config.noise_scale,
-                                                self.config.seed, self.state.step_counter[0])
+                                                self.config.seed, self._state.step_counter[0])
         return StepOutput(*stats, *selection)
 
-    def _undo_and_raise_if_faulted(self, rows_before: L.StateRows) -> None:
-        """A checked step's one host sync: on a fault, restore the state as it was before the
-        step, clear the fault word and raise."""
-        bits = int(self.state.fault[0])
+    def _undo_and_raise_if_faulted(self) -> None:
+        """A checked step's one host sync (none on a CPU): on a fault, restore the state as it
+        was before the step, clear the fault word and raise."""
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()  # the mirror is then written
+        bits = self._faults.bits()
         if bits:
-            self.state.restore(rows_before)
+            self._runner.undo()
             self._clear_faults()
             validation.raise_for_faults(bits, self.num_prompts, found="now")
 
     def _raise_arrived_faults(self) -> None:
-        """The default check on a GPU: raise what an earlier step's fault word said, if its copy
-        has arrived (no sync)."""
-        bits = self._deferred_faults.arrived_bits()
+        """The default check on a GPU: raise what the fault word's host mirror says, if an
+        earlier step faulted (no sync while none did)."""
+        bits = self._faults.bits()
         if bits:
+            if self.device.type == "cuda" and not torch.cuda.is_current_stream_capturing():
+                # The steps still in flight copy the word again: let them finish first.
+                torch.cuda.current_stream(self.device).synchronize()
             self._clear_faults()
             validation.raise_for_faults(bits, self.num_prompts, found="later")
 
     def _clear_faults(self) -> None:
-        self.state.fault.zero_()
-        self._deferred_faults.clear()
+        self._state.fault.zero_()
+        self._faults.clear()
 
     def raise_if_faulted(self) -> None:
         """Raise (and clear) the faults that unchecked steps recorded on the device. Syncs."""
-        self._deferred_faults.clear()
-        validation.raise_if_faulted(self.state)
+        self._faults.clear()
+        validation.raise_if_faulted(self._state)
+
+    def capture_step(self, rewards: torch.Tensor, prompt_ids: torch.Tensor,
+                     valid: Optional[torch.Tensor] = None, *,
+                     check_inputs: Optional[bool] = None, sorted: bool = False
+                     ) -> CapturedStep:
+        """The step over a fixed ``(B, G)`` as a replayable graph: a step on this first batch
+        (its outputs are the returned object's ``output``), then, on a GPU, the step captured in
+        a ``torch.cuda.CUDAGraph`` whose static inputs are copies of these tensors; each
+        ``replay()`` is one graph launch. On a CPU ``replay()`` runs the step. See
+        :class:`lze_kernels.captured.CapturedStep`."""
+        return CapturedStep(self, rewards, prompt_ids, valid, check_inputs, sorted)
 
     # ------------------------------------------------------------------------- forward pruner
 
@@ -148,7 +175,7 @@ class LZESelector:
         validation.check_prompt_ids_structure(prompt_ids, self.device)
         if check_inputs:
             validation.check_prompt_id_values(prompt_ids, self.num_prompts, distinct=False)
-        return reference.rollout_eligible(self.state, prompt_ids)
+        return reference.rollout_eligible(self._state, prompt_ids)
 
     def take_eligible(self, candidate_ids: torch.Tensor, batch_size: int, *,
                       check_inputs: bool = True):
@@ -163,12 +190,12 @@ class LZESelector:
 
     def num_pruned(self) -> torch.Tensor:
         """0-dim int64 tensor: prompts currently pruned (replays included), for metrics."""
-        flags = self.state.istate[:self.num_prompts, L.FLAGS]
+        flags = self._state.istate[:self.num_prompts, L.FLAGS]
         return ((flags & L.FLAG_PRUNED) != 0).sum()
 
     def begin_epoch(self) -> None:
         """Draw this epoch's replays: each pruned prompt with probability ``replay_ratio``."""
-        reference.draw_replays(self.state, self.config.replay_ratio, self.config.seed,
+        reference.draw_replays(self._state, self.config.replay_ratio, self.config.seed,
                                self.epoch)
         self.epoch += 1
 
@@ -183,7 +210,7 @@ class LZESelector:
         if check_inputs:
             validation.check_prompt_id_values(prompt_ids, self.num_prompts, distinct=False)
         validation.check_rollout_budget(prompt_ids.shape[0], total, tau, n_min, n_max)
-        scores = reference.allocation_scores(self.state, prompt_ids, score)
+        scores = reference.allocation_scores(self._state, prompt_ids, score)
         return reference.allocate_rollouts(scores, total, tau, n_min, n_max)
 
     # ------------------------------------------------------------------------- checkpoints
@@ -192,14 +219,17 @@ class LZESelector:
         """Everything needed to resume: the state tables, the step counter (which keys the
         noise stream), the epoch (which keys replay draws) and the config."""
         n = self.num_prompts
+        contiguous = dict(memory_format=torch.contiguous_format)
         return {
             "format": _FORMAT,
             "num_prompts": n,
             "config": self.config.to_dict(),
-            "fstate": self.state.fstate[:n].clone(),
-            "istate": self.state.istate[:n].clone(),
-            "step_counter": self.state.step_counter.clone(),
-            "fault": self.state.fault.clone(),
+            # The records' two halves, as the two tables of earlier versions (the same format
+            # both ways: files written before the one-record layout load, and these load there).
+            "fstate": self._state.fstate[:n].clone(**contiguous),
+            "istate": self._state.istate[:n].clone(**contiguous),
+            "step_counter": self._state.step_counter.clone(),
+            "fault": self._state.fault.clone(),
             "epoch": self.epoch,
         }
 
@@ -207,11 +237,11 @@ class LZESelector:
         """Restore :meth:`state_dict`. Everything is checked before anything is written."""
         n = self.num_prompts
         _check_state_dict(state_dict, n, self.config)
-        self.state.fstate[:n].copy_(state_dict["fstate"])
-        self.state.istate[:n].copy_(state_dict["istate"])
-        self.state.step_counter.copy_(state_dict["step_counter"])
-        self.state.fault.copy_(state_dict["fault"])
-        self._deferred_faults.clear()
+        self._state.fstate[:n].copy_(state_dict["fstate"])
+        self._state.istate[:n].copy_(state_dict["istate"])
+        self._state.step_counter.copy_(state_dict["step_counter"])
+        self._state.fault.copy_(state_dict["fault"])
+        self._faults.clear()
         self.epoch = state_dict["epoch"]
 
 
@@ -219,10 +249,7 @@ def _check_time(check_inputs: Optional[bool], device: torch.device) -> str:
     """When a step's value faults raise: "now" (a host sync), "later" (a later step, no sync:
     the default on a GPU) or "off"."""
     if check_inputs is None:
-        if device.type == "cpu":
-            return "now"
-        # Inside a CUDA graph capture the copy and its event would be captured too: off there.
-        return "off" if torch.cuda.is_current_stream_capturing() else "later"
+        return "now" if device.type == "cpu" else "later"
     if not isinstance(check_inputs, bool):
         raise ValueError(f"check_inputs: expected True, False or None, got {check_inputs!r}")
     return "now" if check_inputs else "off"

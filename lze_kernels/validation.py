@@ -41,16 +41,15 @@ def check_tensor(x, name: str, dtypes, ndim: int, device: Optional[torch.device]
 
 def check_state(state) -> None:
     """A :class:`~lze_kernels.layout.SelectorState` the kernels can index and write in place:
-    ``fstate [N + 1, 4]`` fp32 and ``istate [N + 1, 4]`` int32 with N >= 1, ``step_counter [2]``
-    int64 and ``fault [1]`` int32, all contiguous and on one device (metadata only)."""
+    ``records [N + 1, 8]`` int32 with N >= 1, ``step_counter [2]`` int64 and ``fault [1]``
+    int32, all contiguous and on one device (metadata only)."""
     if not isinstance(state, L.SelectorState):
         _fail("state", "a SelectorState (ops.new_state)", type(state).__name__)
-    check_tensor(state.fstate, "state.fstate", (torch.float32,), 2, None)
-    rows, device = state.fstate.shape[0], state.fstate.device
+    check_tensor(state.records, "state.records", (torch.int32,), 2, None)
+    rows, device = state.records.shape[0], state.records.device
     if rows < 2:
-        _fail("state.fstate", "N + 1 >= 2 rows (num_prompts >= 1)", f"{rows} rows")
-    expected = {"fstate": (torch.float32, (rows, L.NUM_FIELDS)),
-                "istate": (torch.int32, (rows, L.NUM_FIELDS)),
+        _fail("state.records", "N + 1 >= 2 rows (num_prompts >= 1)", f"{rows} rows")
+    expected = {"records": (torch.int32, (rows, L.RECORD_WORDS)),
                 "step_counter": (torch.int64, (2,)), "fault": (torch.int32, (1,))}
     for field, (dtype, shape) in expected.items():
         name, tensor = f"state.{field}", getattr(state, field)

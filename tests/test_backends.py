@@ -29,8 +29,7 @@ SHAPES = [(b, g) for b in BATCHES for g in GROUPS if b * g <= 1 << 20] + KERNEL_
 
 
 def clone_state(state):
-    return SelectorState(*(t.clone() for t in (state.fstate, state.istate, state.step_counter,
-                                               state.fault)))
+    return SelectorState(*(t.clone() for t in (state.records, state.step_counter, state.fault)))
 
 
 def assert_states_equal(got, want):

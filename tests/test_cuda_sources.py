@@ -19,10 +19,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 CSRC = ROOT / "csrc"
-SOURCES = ("lze_step", "lze_topk")
-# Every __global__ function of the sources (the top-k has a one-block and a six-launch plan).
+SOURCES = ("lze_select", "lze_step", "lze_topk")
+# Every __global__ function of the sources (the top-k has a one-block and a three-launch plan,
+# plus prepare_kernel for a top-k alone; a checked selection step copies its undo records).
 KERNELS = ("lze_step_kernel", "lze_step_tile_kernel", "small_topk_kernel", "prepare_kernel",
-           "score_kernel", "refine_kernel", "count_kernel", "write_kernel")
+           "score_kernel", "refine_kernel", "write_kernel", "undo_kernel")
 ARCHS = ("sm_80", "sm_90")
 RESOURCES_JSON = ROOT / "benchmarks" / "results" / "cuda_resources.json"
 NVCC = shutil.which("nvcc")
@@ -50,13 +51,10 @@ def ptxas_resources(output: str) -> dict:
     return kernels
 
 
-def nvcc_compile(source: str, arch: str, out_dir: Path) -> dict:
-    cmd = [NVCC, "-std=c++17", "--fmad=false", f"-arch={arch}", "-Werror", "all-warnings",
-           "-Xptxas", "-v", f"-I{CSRC}", "-c", str(CSRC / "cuda" / f"{source}.cu"),
-           "-o", str(out_dir / f"{source}.{arch}.o")]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return ptxas_resources(proc.stdout + proc.stderr)
+def nvcc_command(source: str, arch: str, out_dir: Path) -> list[str]:
+    return [NVCC, "-std=c++17", "--fmad=false", f"-arch={arch}", "-Werror", "all-warnings",
+            "-Xptxas", "-v", f"-I{CSRC}", "-c", str(CSRC / "cuda" / f"{source}.cu"),
+            "-o", str(out_dir / f"{source}.{arch}.o")]
 
 
 @pytest.fixture(scope="module")
@@ -64,10 +62,16 @@ def cuda_resources(tmp_path_factory):
     if NVCC is None:
         pytest.skip("nvcc not found")
     out_dir = tmp_path_factory.mktemp("nvcc")
+    # Every (arch, source) compile at once: nvcc is one process a core.
+    procs = {(arch, source): subprocess.Popen(nvcc_command(source, arch, out_dir),
+                                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                              text=True)
+             for arch in ARCHS for source in SOURCES}
     usage = {arch: {} for arch in ARCHS}
-    for arch in ARCHS:
-        for source in SOURCES:
-            usage[arch].update(nvcc_compile(source, arch, out_dir))
+    for (arch, source), proc in procs.items():
+        output = proc.communicate()[0]
+        assert proc.returncode == 0, output
+        usage[arch].update(ptxas_resources(output))
     RESOURCES_JSON.parent.mkdir(parents=True, exist_ok=True)
     RESOURCES_JSON.write_text(json.dumps(usage, indent=2, sort_keys=True) + "\n")
     return usage

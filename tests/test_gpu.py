@@ -3,11 +3,13 @@
 
 On a CUDA machine this checks what the CPU cannot: the cuda and triton backends against the
 reference on the device up to B = 1,048,576, that the unchecked and the default `step` never
-synchronise (sync debug mode "error") and the checked one once, that it can be captured and replayed in a CUDA
-graph, and its launches: two up to 65,536 groups (the step, a one-block
-or one-program selection), seven above (the step, six selection launches); the DOTS
-prediction against its reference, and GRESO's filter and the forward pruner on the device against
-the same code on the CPU (Philox draws: equal on any device), without a host sync.
+synchronise (sync debug mode "error") and the checked one once, that the default check reads the
+step kernel's host-mapped fault word (no copy launch) also under CUDA-graph replay, that the step
+can be captured and replayed (LZESelector.capture_step, and a raw torch.cuda.graph), and its
+launches: CUDA two up to 16,384 groups (the step, the one-block selection) and four above (the
+step, three selection launches); Triton two up to 4,096 (the step, one program) and seven above;
+the DOTS prediction against its reference, and GRESO's filter and the forward pruner on the device
+against the same code on the CPU (Philox draws: equal on any device), without a host sync.
 """
 
 import math
@@ -54,8 +56,7 @@ def test_gpu_backend_matches_reference(name, batch, group):
             assert torch.equal(getattr(got, field), getattr(want, field)), field
         assert_within(got.advantages, want.advantages,
                       2 * advantage_error_bound(inputs[0], inputs[2], config.eps), "advantages")
-    assert torch.equal(sel.state.fstate[:-1], ref.state.fstate[:-1])
-    assert torch.equal(sel.state.istate[:-1], ref.state.istate[:-1])
+    assert torch.equal(sel.state.records[:-1], ref.state.records[:-1])
 
 
 @pytest.mark.parametrize("name", GPU_BACKENDS + ["torch"])
@@ -97,21 +98,40 @@ def test_checked_step_synchronises_once_and_undoes_bad_input(name):
 
 @pytest.mark.parametrize("name", GPU_BACKENDS)
 def test_default_step_never_synchronises_and_raises_a_later_step(name):
-    """The default call on a GPU: no sync; a bad id is skipped on the device and the fault
-    word's asynchronous copy makes a later step raise, before it runs."""
+    """The default call on a GPU: no sync; a bad id is skipped on the device and the step
+    kernel's copy of the fault word in host-mapped memory makes a later step raise, before it
+    runs."""
     sel = LZESelector(4096, device="cuda", backend=backend_or_skip(name))
     rewards, ids, valid = make_inputs(1024, 16, 4096, 0)
-    sel.step(rewards, ids, valid)  # warm-up: compile, allocate the pinned copy
+    sel.step(rewards, ids, valid)  # warm-up: compile
     bad_ids = torch.where(ids == ids[0], 10**6, ids)
     torch.cuda.set_sync_debug_mode("error")
     try:
         sel.step(rewards, bad_ids, valid)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    torch.cuda.synchronize()  # the copy has arrived by the next step
+    torch.cuda.synchronize()  # the faulty step has finished by the next step
     with pytest.raises(ValueError, match="found by an earlier step"):
         sel.step(rewards, ids, valid)
     sel.step(rewards, ids, valid)
+
+
+@pytest.mark.parametrize("name", GPU_BACKENDS)
+def test_default_check_launches_nothing_more_than_off(name):
+    """The default check is the step kernel's own store into host-mapped memory: the same
+    launches as check_inputs=False (no copy, no event)."""
+    sel = LZESelector(8192, device="cuda", backend=backend_or_skip(name))
+    inputs = make_inputs(2048, 16, 8192, 0)
+    counts = []
+    for check in (False, None):
+        sel.step(*inputs, check_inputs=check)
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            sel.step(*inputs, check_inputs=check)
+            torch.cuda.synchronize()
+        counts.append(sum(1 for e in prof.events()
+                          if e.device_type == torch.autograd.DeviceType.CUDA))
+    assert counts[0] == counts[1], counts
 
 
 @pytest.mark.parametrize("name", GPU_BACKENDS + ["torch"])
@@ -130,7 +150,7 @@ def test_step_in_cuda_graph(name, batch):
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = sel.step(*static)  # the default call: its deferred check is off in a capture
+        out = sel.step(*static)  # the default call: its mapped fault word is captured too
     for step in range(1, 4):  # replays read new inputs and advance the on-device step counter
         for dst, src in zip(static, make_inputs(batch, 16, num_prompts, step)):
             dst.copy_(src)
@@ -140,11 +160,12 @@ def test_step_in_cuda_graph(name, batch):
         assert torch.equal(out.energy, want.energy)
 
 
-# The one-block / one-program selection takes up to 65,536 groups in CUDA and in Triton.
+# One block takes up to 16,384 groups in CUDA (three launches above), one program up to 4,096 in
+# Triton (six above).
 @pytest.mark.parametrize("name,batch,launches", [
-    (name, batch, 2 if batch <= limit else 7)
-    for name, limit in (("cuda", 65536), ("triton", 65536))
-    for batch in (1024, 4097, 8192, 8193, 65536, 65537, 1 << 20)])
+    (name, batch, 2 if batch <= limit else 1 + more)
+    for name, limit, more in (("cuda", 16384, 3), ("triton", 4096, 6))
+    for batch in (1024, 4096, 4097, 16384, 16385, 65537, 1 << 20)])
 def test_kernel_launches_per_step(name, batch, launches):
     sel = LZESelector(2 * batch, device="cuda", backend=backend_or_skip(name))
     inputs = make_inputs(batch, 16, 2 * batch, 0)
@@ -155,6 +176,43 @@ def test_kernel_launches_per_step(name, batch, launches):
         torch.cuda.synchronize()
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     assert len(kernels) == launches, [e.name for e in kernels]
+
+
+@pytest.mark.parametrize("name", GPU_BACKENDS + ["torch"])
+@pytest.mark.parametrize("batch", [1024, 65536])
+def test_captured_step_replays_the_step_and_keeps_checking(name, batch):
+    """LZESelector.capture_step: the first batch runs as a step, the step is captured, and each
+    replay equals a plain step on a twin selector, with the default check on: a bad id in a
+    replay raises at the next replay, before it launches."""
+    config = LZEConfig(noise_scale=0.05, seed=3)
+    num_prompts = 4 * batch
+    sel = LZESelector(num_prompts, config, device="cuda", backend=backend_or_skip(name))
+    twin = LZESelector(num_prompts, config, device="cuda", backend="torch")
+    first = make_inputs(batch, 16, num_prompts, 0)
+    captured = sel.capture_step(*first)
+    want = twin.step(*first)
+    assert captured.graph is not None
+    assert torch.equal(captured.output.kept_indices, want.kept_indices)
+    for step in range(1, 4):
+        rewards, ids, valid = make_inputs(batch, 16, num_prompts, step)
+        for static, value in ((captured.rewards, rewards), (captured.prompt_ids, ids),
+                              (captured.valid, valid)):
+            static.copy_(value)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            got = captured.replay()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        want = twin.step(rewards, ids, valid)
+        for field in ("energy", "keep_mask", "kept_indices", "num_kept"):
+            assert torch.equal(getattr(got, field), getattr(want, field)), field
+    captured.prompt_ids[0] = 10**6
+    captured.replay()  # skips the bad row on the device
+    torch.cuda.synchronize()
+    with pytest.raises(ValueError, match="found by an earlier step"):
+        captured.replay()
+    with pytest.raises(ValueError, match="check_inputs"):
+        sel.capture_step(*first, check_inputs=True)
 
 
 # ----------------------------------------------------------------------------- DOTS

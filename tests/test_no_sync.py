@@ -61,12 +61,16 @@ def test_custom_ops_pass_opcheck(name):
     params = KernelParams.from_config(LZEConfig())
     rewards, ids = batch()
     state = SelectorState.empty(100, "cpu")
-    step_args = (rewards, None, ids, state.fstate, state.istate, state.step_counter,
-                 state.fault, params.beta, params.one_minus_beta, params.d_min, params.alpha,
-                 params.eps, params.norm_by_std, params.prune_after)
+    state_args = (state.records, state.step_counter, state.fault)
+    scalars = (params.beta, params.one_minus_beta, params.d_min, params.alpha, params.eps,
+               params.norm_by_std, params.prune_after)
     # test_schema would re-run the op and see the state it mutated; faketensor/autograd suffice
-    torch.library.opcheck(backend._step_op, step_args,
-                          test_utils=("test_faketensor", "test_autograd_registration"))
+    checks = ("test_faketensor", "test_autograd_registration")
+    torch.library.opcheck(backend._step_op, (rewards, None, ids, *state_args, *scalars),
+                          test_utils=checks)
+    torch.library.opcheck(backend._select_step_op,
+                          (rewards, None, ids, *state_args, 12, *scalars, 0.05, 7, 0),
+                          test_utils=checks)
     energy = torch.rand(32)
     torch.library.opcheck(backend._topk_op, (energy, 12, 0.05, 0, state.step_counter))
 

@@ -84,7 +84,7 @@ def resized(tensor, rows):
 def with_state_field(field, make):
     def apply(args):
         s = args["state"]
-        fields = {f: getattr(s, f) for f in ("fstate", "istate", "step_counter", "fault")}
+        fields = {f: getattr(s, f) for f in ("records", "step_counter", "fault")}
         return {**args, "state": SelectorState(**{**fields, field: make(fields[field])})}
     return apply
 
@@ -143,21 +143,25 @@ STEP_INPUT_MUTATIONS = [
 STATE_MUTATIONS = [
     setting("state", lambda a: vars(a["state"]), id="state-dict"),
     setting("state", lambda a: None, id="state-None"),
-    setting("state", lambda a: SelectorState.empty(0, "cpu"), ("state.fstate",),
+    setting("state", lambda a: SelectorState.empty(0, "cpu"), ("state.records",),
             "state-no-prompts"),
-    Mutation("fstate-float64", ("state.fstate",), with_state_field("fstate", torch.Tensor.double)),
-    Mutation("fstate-3-columns", ("state.fstate",),
-             with_state_field("fstate", lambda t: t[:, :3])),
-    Mutation("fstate-strided", ("state.fstate",), with_state_field("fstate", strided)),
-    # The state's device is fstate's: the other tables are then on another one.
-    Mutation("fstate-meta", ("state.istate",), with_state_field("fstate", lambda t: t.to(META))),
-    Mutation("istate-int64", ("state.istate",), with_state_field("istate", torch.Tensor.long)),
-    Mutation("istate-short", ("state.istate",), with_state_field("istate", lambda t: t[:-1])),
-    Mutation("istate-meta", ("state.istate",), with_state_field("istate", lambda t: t.to(META))),
+    Mutation("records-float32", ("state.records",),
+             with_state_field("records", lambda t: t.view(torch.float32))),
+    Mutation("records-int64", ("state.records",), with_state_field("records", torch.Tensor.long)),
+    Mutation("records-7-columns", ("state.records",),
+             with_state_field("records", lambda t: t[:, :7])),
+    Mutation("records-two-tables", ("state.records",),
+             with_state_field("records", lambda t: t.view(-1, 2, 4)[:, 0])),
+    Mutation("records-strided", ("state.records",), with_state_field("records", strided)),
+    # The state's device is the records': the other fields are then on another one.
+    Mutation("records-meta", ("state.step_counter",),
+             with_state_field("records", lambda t: t.to(META))),
     Mutation("step_counter-short", ("state.step_counter",),
              with_state_field("step_counter", lambda t: t[:1])),
     Mutation("step_counter-int32", ("state.step_counter",),
              with_state_field("step_counter", lambda t: t.int())),
+    Mutation("step_counter-meta", ("state.step_counter",),
+             with_state_field("step_counter", lambda t: t.to(META))),
     Mutation("fault-long", ("state.fault",), with_state_field("fault", lambda t: t.repeat(2))),
     Mutation("fault-meta", ("state.fault",), with_state_field("fault", lambda t: t.to(META))),
 ]
@@ -311,11 +315,11 @@ REWARD_MUTATIONS = [
 
 
 def snapshot(state):
-    return [t.clone() for t in (state.fstate, state.istate, state.step_counter, state.fault)]
+    return [t.clone() for t in (state.records, state.step_counter, state.fault)]
 
 
 def assert_unchanged(state, before):
-    after = (state.fstate, state.istate, state.step_counter, state.fault)
+    after = (state.records, state.step_counter, state.fault)
     assert all(torch.equal(a, b) for a, b in zip(after, before)), "the state changed"
 
 
@@ -461,8 +465,7 @@ def test_device_faults_skip_the_row_and_are_raised_once(backend, data):
     others[prompt_ids[torch.arange(batch) != row]] = False
     others[n] = False  # the reference's write sink (layout.SelectorState.empty)
     state = args["state"]
-    assert torch.equal(state.fstate[others], before[0][others])  # the bad row wrote nothing
-    assert torch.equal(state.istate[others], before[1][others])
+    assert torch.equal(state.records[others], before[0][others])  # the bad row wrote nothing
     expected = "prompt_ids" if kind == "id" else "rewards"
     with pytest.raises(ValueError, match=rf"{expected}: expected"):
         ops.raise_if_faulted(state)

@@ -1,7 +1,9 @@
 """The user-facing LZESelector: API, backends, checkpoints, bad input."""
 
+import gc
 import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,10 +12,12 @@ from conftest import advantage_error_bound, assert_within, binary_rewards, ragge
 from lze_kernels import LZEConfig, LZESelector, available_backends, dispatch, native, ops
 from lze_kernels import layout as L
 from lze_kernels import selector as selector_module
-from lze_kernels.faults import DeferredFaults
+from lze_kernels.faults import FaultWord
 
 CPU_BACKENDS = [b for b in ("torch", "cpu", "cuda_emulated", "triton")
                 if b in available_backends("cpu")]
+NATIVE_BACKENDS = [b for b in ("cpu", "cuda_emulated") if b in available_backends("cpu")]
+DATA = Path(__file__).parent / "data"
 
 
 def make_batch(batch=64, group=8, num_prompts=200, seed=0):
@@ -284,13 +288,13 @@ def test_default_check_on_a_gpu_raises_at_a_later_step(monkeypatch):
     sel.raise_if_faulted()
 
 
-def test_deferred_fault_copy_is_read_once_it_arrived():
-    faults = DeferredFaults(torch.device("cpu"))
-    assert faults.arrived_bits() == 0
-    faults.copy_after_step(torch.tensor([5], dtype=torch.int32))
-    assert faults.arrived_bits() == 5
+def test_fault_word_is_host_memory_the_kernels_write():
+    faults = FaultWord(torch.device("cpu"))
+    assert faults.bits() == 0
+    faults.tensor.fill_(5)  # what a step kernel's last block writes
+    assert faults.bits() == 5
     faults.clear()
-    assert faults.arrived_bits() == 0
+    assert faults.bits() == 0 and int(faults.tensor[0]) == 0
 
 
 @pytest.mark.parametrize("value", [1, "yes", 0.0])
@@ -298,3 +302,214 @@ def test_check_inputs_is_true_false_or_none(value):
     sel = LZESelector(200, backend="torch")
     with pytest.raises(ValueError, match="check_inputs: expected True, False or None"):
         sel.step(*make_batch(), check_inputs=value)
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+
+def two_table_history(selector):
+    """The steps tests/data/selector_state_two_tables.pt was written after, by LZESelector(20,
+    LZEConfig(noise_scale=0.05, seed=7), backend="torch") of commit 7188962, whose state was two
+    tables (fstate, istate [N + 1, 4])."""
+    gen = torch.Generator().manual_seed(52)
+    for _ in range(3):
+        ids = torch.randperm(20, generator=gen)[:8]
+        rewards = (torch.rand(8, 4, generator=gen) < torch.rand(8, 1, generator=gen)).float()
+        selector.step(rewards, ids)
+    selector.begin_epoch()
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_a_checkpoint_of_the_two_table_layout_loads_and_matches(backend):
+    """The one-record layout keeps the checkpoint format: a file written when the state was two
+    tables loads, and the same steps on the new layout give the same state, bit for bit."""
+    config = LZEConfig(noise_scale=0.05, seed=7)
+    saved = torch.load(DATA / "selector_state_two_tables.pt", weights_only=True)
+    loaded = LZESelector(20, config, backend=backend)
+    loaded.load_state_dict(saved)
+    replayed = LZESelector(20, config, backend=backend)
+    two_table_history(replayed)
+    again = replayed.state_dict()
+    for key in ("fstate", "istate", "step_counter", "fault"):
+        assert torch.equal(again[key], saved[key]), key
+    assert again["epoch"] == saved["epoch"] and again["format"] == saved["format"]
+    assert torch.equal(loaded.state.records, replayed.state.records)
+
+
+# ----------------------------------------------------------------------------- native calls
+
+
+class CountingModule:
+    """A compiled module whose calls are counted, including the runs of its SelectStep calls."""
+
+    def __init__(self, module):
+        self._module, self.calls = module, []
+
+    def __getattr__(self, name):
+        attribute = getattr(self._module, name)
+        if not callable(attribute):
+            return attribute
+
+        def counted(*args):
+            self.calls.append(name)
+            result = attribute(*args)
+            return CountingCall(result, self.calls) if name == "select_step" else result
+        return counted
+
+
+class CountingCall:
+    def __init__(self, call, calls):
+        self._call, self._calls = call, calls
+
+    def run(self, *args):
+        self._calls.append("run")
+        return self._call.run(*args)
+
+
+@pytest.mark.parametrize("backend", NATIVE_BACKENDS)
+def test_a_step_is_one_native_call(backend, monkeypatch):
+    """After its first step over a (B, G), each step crosses into the compiled module once:
+    the module checks the sizes and runs the step and the top-k (csrc/*/select_*)."""
+    native_backend = {"cpu": native.CPU, "cuda_emulated": native.CUDA_EMULATED}[backend]
+    module = CountingModule(native_backend.module)
+    monkeypatch.setattr(native_backend, "_module", module)
+    sel = LZESelector(200, backend=backend)
+    for seed in range(4):
+        rewards, ids, valid = make_batch(seed=seed)
+        module.calls.clear()
+        sel.step(rewards, ids, valid)  # the default check: on a CPU it reads the mirror
+        if seed > 0:
+            assert module.calls == ["run"], module.calls
+    module.calls.clear()
+    sel.step(*make_batch(batch=32, seed=9), check_inputs=False)  # a new (B, G): a new plan
+    assert module.calls.count("run") == 1
+
+
+@pytest.mark.skipif("cuda_emulated" not in available_backends("cpu"), reason="no emulator")
+@pytest.mark.parametrize("batch, launches", [(300, 2), (16384, 2), (16385, 4)])
+def test_a_cuda_step_is_two_launches_to_16384_rows_and_four_above(batch, launches):
+    """The emulated CUDA module counts its kernel launches: the step kernel, then the one-block
+    top-k up to 16,384 rows or its three launches above; a checked step adds its undo copy."""
+    module = native.CUDA_EMULATED.module
+    sel = LZESelector(2 * batch, backend="cuda_emulated")
+    gen = torch.Generator().manual_seed(batch)
+    rewards = binary_rewards(batch, 1, gen)
+    ids = torch.randperm(2 * batch, generator=gen)[:batch]
+    module.launches()  # reset
+    sel.step(rewards, ids, check_inputs=False)
+    assert module.launches() == launches == module.select_step_launches(batch, 0)
+    sel.step(rewards, (ids + 1) % (2 * batch), check_inputs=True)
+    assert module.launches() == launches + 1 == module.select_step_launches(batch, 1)
+
+
+@pytest.mark.skipif("cuda_emulated" not in available_backends("cpu"), reason="no emulator")
+@pytest.mark.parametrize("group", [8, 40])
+def test_a_row_touches_one_random_state_sector(group):
+    """Each row's state is one 32-byte record: its gather (two 16-byte loads), claim and scatter
+    (two 16-byte stores) touch one sector, counted by the emulator (LZE_NOTE_STATE_ACCESS); the
+    two-table layout touched two a row."""
+    batch = 300
+    sel = LZESelector(4 * batch, backend="cuda_emulated")
+    gen = torch.Generator().manual_seed(group)
+    ids = torch.randperm(4 * batch, generator=gen)[:batch]
+    native.CUDA_EMULATED.module.state_sectors()  # reset
+    sel.step(binary_rewards(batch, group, gen), ids, check_inputs=False)
+    accesses, sectors = native.CUDA_EMULATED.module.state_sectors()
+    assert sectors == batch and accesses == 5 * batch
+    assert sel.state.records.data_ptr() % 32 == 0 and sel.state.records.stride() == (8, 1)
+
+
+# ----------------------------------------------------------------------------- output reuse
+
+
+def storage_of(out):
+    return out.advantages.untyped_storage().data_ptr()
+
+
+@pytest.mark.parametrize("backend", NATIVE_BACKENDS)
+def test_outputs_are_reused_only_once_nothing_references_them(backend):
+    sel = LZESelector(200, backend=backend)
+    batches = [make_batch(seed=s) for s in range(8)]
+    first = sel.step(*batches[0])
+    kept = {f: getattr(first, f).clone() for f in ("advantages", "energy", "kept_indices")}
+    second = sel.step(*batches[1])
+    assert storage_of(second) != storage_of(first)  # `first` is still held
+    for f, value in kept.items():
+        assert torch.equal(getattr(first, f), value), f
+    buffer = storage_of(first)
+    del first
+    third = sel.step(*batches[2])
+    assert storage_of(third) == buffer  # released: its buffer comes back
+
+    held = {"view": lambda out: out.advantages[:, 0], "alias": lambda out: out.energy.data,
+            "tensor": lambda out: out.num_kept}
+    for name, hold in held.items():
+        del second
+        second = sel.step(*batches[3])
+        reference = hold(third)
+        values = reference.clone()
+        buffer = storage_of(third)
+        del third
+        third = sel.step(*batches[4])
+        assert storage_of(third) != buffer, name  # something still points into the buffer
+        assert torch.equal(reference, values), name
+        del reference
+        gc.collect()
+
+
+@pytest.mark.parametrize("backend", NATIVE_BACKENDS)
+def test_a_tensor_saved_for_backward_keeps_its_buffer(backend):
+    sel = LZESelector(200, backend=backend)
+    weight = torch.ones(8, requires_grad=True)
+    out = sel.step(*make_batch(seed=0))
+    loss = (out.advantages * weight).sum()  # autograd saves the advantages
+    want = out.advantages.sum(dim=0)
+    del out
+    for seed in range(1, 4):
+        sel.step(*make_batch(seed=seed))
+    loss.backward()
+    assert torch.equal(weight.grad, want)
+
+
+@pytest.mark.parametrize("backend", NATIVE_BACKENDS)
+def test_a_step_loop_alternates_between_two_buffers(backend):
+    sel = LZESelector(200, backend=backend)
+    buffers = set()
+    out = None
+    for seed in range(10):
+        out = sel.step(*make_batch(seed=seed))
+        buffers.add(storage_of(out))
+    assert len(buffers) == 2
+
+
+# ----------------------------------------------------------------------------- captured steps
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_captured_step_api_runs_the_plain_step_on_a_cpu(backend):
+    """capture_step's static inputs, replay() and static output, as on a GPU: each replay
+    equals a plain step on a twin selector, into the same output tensors."""
+    config = LZEConfig(noise_scale=0.05, seed=3)
+    sel, twin = (LZESelector(200, config, backend=backend) for _ in range(2))
+    first = make_batch(seed=0)
+    captured = sel.capture_step(*first)
+    assert captured.graph is None
+    want = twin.step(*first)
+    assert torch.equal(captured.output.kept_indices, want.kept_indices)
+    output, energy = captured.output, captured.output.energy
+    for seed in range(1, 4):
+        rewards, ids, valid = make_batch(seed=seed)
+        captured.rewards.copy_(rewards)
+        captured.prompt_ids.copy_(ids)
+        captured.valid.copy_(valid)
+        got = captured.replay()
+        want = twin.step(rewards, ids, valid)
+        assert got is output and got.energy is energy
+        for field in ("energy", "keep_mask", "kept_indices", "num_kept", "advantages"):
+            assert torch.equal(getattr(got, field), getattr(want, field)), field
+    assert torch.equal(sel.state.records, twin.state.records)
+    captured.prompt_ids[0] = 10**6  # a bad id: the default check raises and undoes (CPU)
+    before = sel.state.records.clone()
+    with pytest.raises(ValueError, match="prompt_ids"):
+        captured.replay()
+    assert torch.equal(sel.state.records, before)

@@ -5,16 +5,22 @@ architecture, runs ``triton.compile`` down to a cubin, then the bundled ``ptxas 
 (with the flags Triton uses) to read registers and spills, and prints one JSON document:
 
     {"triton": "3.9.0", "kernels": [{"name", "arch", "num_warps", "shared_bytes",
-      "registers", "spill_stores", "spill_loads", "stack_bytes"}, ...]}
+      "registers", "spill_stores", "spill_loads", "stack_bytes"}, ...],
+     "scalars_as_one": [...]}   (with --with-scalars-as-one)
+
+Both steps are cached in Triton's cache directory (``TRITON_CACHE_DIR``, ``~/.triton/cache``):
+``triton.compile`` by Triton itself, the ``ptxas -v`` report by the hash of the PTX, the ptxas
+version and its flags (the same inputs give the same report).
 
 Must run without ``TRITON_INTERPRET=1`` (under the interpreter ``@triton.jit`` functions cannot
 be compiled). Usage: ``python tools/triton_aot.py [--arch 80 90] [--output FILE] [--jobs N]
-[--scalars-as-one]``.
+[--scalars-as-one | --with-scalars-as-one]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -86,18 +92,33 @@ def one_config_per_variant() -> list[int]:
 
 
 def ptxas_resources(ptx: str, capability: int, options: dict) -> dict:
-    """Registers, spills and stack of ``ptx`` from ``ptxas -v`` (Triton's own ptxas flags)."""
+    """Registers, spills and stack of ``ptx`` from ``ptxas -v`` (Triton's own ptxas flags),
+    cached by the hash of what determines them."""
     from triton.backends.nvidia.compiler import get_ptxas, sm_arch_from_capability
+    from triton.runtime.cache import get_cache_manager
 
+    ptxas = get_ptxas(capability)
     fmad = [] if options.get("enable_fp_fusion", True) else ["--fmad=false"]
+    flags = ["-v", *fmad, "--regAllocOptLevel=2", f"--gpu-name={sm_arch_from_capability(capability)}"]
+    key = hashlib.sha256("\0".join([ptx, str(ptxas.version), *flags]).encode()).hexdigest()
+    cache = get_cache_manager(key)
+    cached = cache.get_file(_REPORT)
+    if cached is not None:
+        return json.loads(Path(cached).read_text())
+    report = _run_ptxas(ptxas.path, flags, ptx)
+    cache.put(json.dumps(report), _REPORT, binary=False)
+    return report
+
+
+_REPORT = "lze_ptxas_resources.json"
+
+
+def _run_ptxas(path: str, flags: list[str], ptx: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         ptx_path = Path(tmp, "kernel.ptx")
         ptx_path.write_text(ptx)
-        log = subprocess.run(
-            [get_ptxas(capability).path, "-v", *fmad, "--regAllocOptLevel=2",
-             f"--gpu-name={sm_arch_from_capability(capability)}", str(ptx_path),
-             "-o", str(Path(tmp, "kernel.cubin"))],
-            check=True, capture_output=True, text=True).stderr
+        log = subprocess.run([path, *flags, str(ptx_path), "-o", str(Path(tmp, "kernel.cubin"))],
+                             check=True, capture_output=True, text=True).stderr
     registers = _PTXAS_USAGE.search(log)
     spills = _PTXAS_SPILLS.search(log)
     if registers is None or spills is None:
@@ -113,9 +134,13 @@ def main(argv=None) -> int:
                         help="compute capabilities to compile for (default: 80 90)")
     parser.add_argument("--output", type=Path, help="also write the JSON to this file")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--scalars-as-one", action="store_true",
+    passes = parser.add_mutually_exclusive_group()
+    passes.add_argument("--scalars-as-one", action="store_true",
                         help="compile one config per kernel variant with every integer argument "
                              "the JIT may specialise set to the constant 1 (a B = 1 launch)")
+    passes.add_argument("--with-scalars-as-one", action="store_true",
+                        help="both: every config for every arch, then the --scalars-as-one pass "
+                             "for the last arch (one process pool)")
     args = parser.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         parser.error("unset TRITON_INTERPRET: the interpreter cannot compile kernels")
@@ -124,13 +149,18 @@ def main(argv=None) -> int:
 
     indices = one_config_per_variant() if args.scalars_as_one else range(len(_configs()))
     tasks = [(index, arch, args.scalars_as_one) for index in indices for arch in args.arch]
+    extra = ([(index, args.arch[-1], True) for index in one_config_per_variant()]
+             if args.with_scalars_as_one else [])
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        kernels = list(pool.map(compile_config, *zip(*tasks)))
-    report = json.dumps({"triton": triton.__version__, "kernels": kernels}, indent=1)
-    if args.output:
+        compiled = list(pool.map(compile_config, *zip(*(tasks + extra))))
+    document = {"triton": triton.__version__, "kernels": compiled[:len(tasks)]}
+    if args.with_scalars_as_one:
+        document["scalars_as_one"] = compiled[len(tasks):]
+    if args.output:  # the resource table: the compiles as launched
+        table = {"triton": document["triton"], "kernels": document["kernels"]}
         args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(report + "\n")
-    print(report)
+        args.output.write_text(json.dumps(table, indent=1) + "\n")
+    print(json.dumps(document, indent=1))
     return 0
 
 

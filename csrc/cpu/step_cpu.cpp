@@ -41,8 +41,7 @@ struct StepArgs {
   const uint8_t* valid;
   const int64_t* prompt_ids;
   int64_t B, G, N;
-  float* fstate;
-  int32_t* istate;
+  int32_t* records;  // [N + 1, 8]: one 32-byte lze::PromptState per prompt
   float* advantages;
   float* pass_rate;
   float* energy;
@@ -130,23 +129,20 @@ inline void prefetch_state(const StepArgs& a, int64_t row, Range ids) {
   if (row >= a.B) return;
   const int64_t id = a.prompt_ids[row];
   if (id < ids.begin || id >= ids.end) return;
-  __builtin_prefetch(a.fstate + id * lze::kNumFloatFields, 1);
-  __builtin_prefetch(a.istate + id * lze::kNumIntFields, 1);
+  __builtin_prefetch(a.records + id * lze::kRecordWords, 1);
 }
 
-// The state rows are a PromptState laid out as two 16-byte table rows (lze_math.h).
-static_assert(sizeof(lze::PromptState) == 2 * 16, "PromptState must mirror the two rows");
+// A record is a PromptState (lze_math.h): 32 bytes, half a cache line.
+static_assert(sizeof(lze::PromptState) == lze::kRecordWords * 4, "PromptState is one record");
 
 inline lze::PromptState load_state(const StepArgs& a, int64_t id) {
   lze::PromptState s;
-  std::memcpy(&s, a.fstate + id * lze::kNumFloatFields, 16);
-  std::memcpy(reinterpret_cast<char*>(&s) + 16, a.istate + id * lze::kNumIntFields, 16);
+  std::memcpy(&s, a.records + id * lze::kRecordWords, sizeof(s));
   return s;
 }
 
 inline void store_state(const StepArgs& a, int64_t id, const lze::PromptState& s) {
-  std::memcpy(a.fstate + id * lze::kNumFloatFields, &s, 16);
-  std::memcpy(a.istate + id * lze::kNumIntFields, reinterpret_cast<const char*>(&s) + 16, 16);
+  std::memcpy(a.records + id * lze::kRecordWords, &s, sizeof(s));
 }
 
 // docs/spec.md §3 and §5 for the prompt of `row`, from its state before the step.
@@ -188,7 +184,8 @@ RowResult process_row(const StepArgs& a, int64_t row, int64_t G) {
 // GPU) also refuses a prompt stamped by a later step (a state restored under an older step
 // counter).
 inline bool already_claimed(const StepArgs& a, int64_t row) {
-  return a.istate[a.prompt_ids[row] * lze::kNumIntFields + lze::kClaim] >= a.stamp;
+  return a.records[a.prompt_ids[row] * lze::kRecordWords + lze::kIntFieldsAt + lze::kClaim] >=
+         a.stamp;
 }
 
 // Rows per phase-1 task when threads share the step: small enough that a thread the OS
@@ -324,18 +321,18 @@ void run_step_dtype(const StepArgs& a, int threads, RowLists& lists, int32_t* fa
 
 extern "C" int lze_step_cpu(const void* rewards, int32_t rewards_dtype, const uint8_t* valid,
                             const int64_t* prompt_ids, int64_t B, int64_t G, int64_t N,
-                            float* fstate, int32_t* istate, int64_t* step_counter,
-                            float* advantages, float* pass_rate, float* energy, float* momentum,
-                            int32_t* fault, lze::Params params, lze::ThreadBudget threads) {
+                            int32_t* records, int64_t* step_counter, float* advantages,
+                            float* pass_rate, float* energy, float* momentum, int32_t* fault,
+                            lze::Params params, lze::ThreadBudget threads) {
   if (rewards_dtype != lze::kF32 && rewards_dtype != lze::kBF16 && rewards_dtype != lze::kF16) {
     return 1;
   }
   // Owned by the calling thread and kept across calls, so that the lists reach their size once.
   thread_local RowLists lists;
   static lze_cpu::ThreadChoice choice;
-  const StepArgs args{rewards,    valid,     prompt_ids, B,      G,        N,
-                      fstate,     istate,    advantages, pass_rate, energy, momentum,
-                      static_cast<int32_t>(step_counter[0] + 1), params};
+  const StepArgs args{rewards,   valid,     prompt_ids, B,        G,
+                      N,         records,   advantages, pass_rate, energy,
+                      momentum,  static_cast<int32_t>(step_counter[0] + 1), params};
   choice.run(threads, B, B * G + 1, [&](int team) {
     switch (rewards_dtype) {
       case lze::kF32: run_step_dtype<lze::kF32>(args, team, lists, fault); break;

@@ -13,8 +13,10 @@
 //     __syncwarp or __syncthreads in between).
 //  4. No spin-waits inside a block: emulated threads of a block are fibers that switch only at
 //     barriers and warp intrinsics, so a thread spinning on another thread's flag never yields.
-//     No waiting between blocks either (blocks may run one after another): use patterns such as
-//     last-block-done with an atomic counter.
+//     Between blocks, wait only on a block that took an earlier ticket from an atomic counter
+//     (decoupled look-back): it has started, so it finishes, whether blocks run concurrently
+//     (a GPU, the emulator's workers) or one after another (one worker, OS-thread mode). Spin
+//     on atomics, not on plain loads. Otherwise use last-block-done with an atomic counter.
 //  5. Device code uses the C math functions (sqrtf, logf, fmaxf, ...) and the atomics and bit
 //     intrinsics cuda_emu.h provides, not CUDA-only ones (min/max overloads, __fdividef, ...).
 //  6. Launches are asynchronous under CUDA and synchronous in the emulator: launchers report
@@ -22,6 +24,9 @@
 //  7. LZE_COUNT_ROW_READS(n) marks n reads of per-row input (an energy, a score): a no-op under
 //     nvcc, a process-wide count in the emulator, which the tests read to check that a kernel's
 //     work grows linearly with the batch (lze_kernels._lze_cuda_emu.row_reads()).
+//     LZE_NOTE_STATE_ACCESS(pointer, bytes) marks an access to the per-prompt state: a no-op
+//     under nvcc, a count of accesses and of the distinct 32-byte sectors touched in the
+//     emulator (lze_kernels._lze_cuda_emu.state_sectors()).
 #pragma once
 
 #ifdef __CUDACC__
@@ -34,6 +39,7 @@
   extern __shared__ __align__(16) unsigned char lze_dynamic_shared_[]; \
   type* name = reinterpret_cast<type*>(lze_dynamic_shared_)
 #define LZE_COUNT_ROW_READS(n) ((void)0)
+#define LZE_NOTE_STATE_ACCESS(pointer, bytes) ((void)0)
 
 #else
 
@@ -43,5 +49,6 @@
   ::emu::Launcher((kernel), (grid), (block), (shared_bytes), (stream))
 #define LZE_DYNAMIC_SHARED(type, name) type* name = static_cast<type*>(::emu::dynamic_shared_memory())
 #define LZE_COUNT_ROW_READS(n) ::emu::count_row_reads(n)
+#define LZE_NOTE_STATE_ACCESS(pointer, bytes) ::emu::note_state_access((pointer), (bytes))
 
 #endif

@@ -11,27 +11,38 @@
 //    Rewards are read up to three times per row (sums, squared deviations, advantages); after
 //    the first pass they come from L1.
 // Both kernels are latency-bound where the state table is past the L2 cache: per row the id, the
-// state and the claim are DRAM round trips. The tile kernel has 256 rows' round trips in flight
-// per block where a segment-per-row block had 16 (G = 16).
+// state record and the claim are DRAM round trips. The record of a prompt is one 32-byte sector
+// (lze_math.h): its gather (two 16-byte loads), claim and scatter touch one random sector a row,
+// read once and written once. The tile kernel has 256 rows' round trips in flight per block where
+// a segment-per-row block had 16 (G = 16).
 //
 // Per row: count / mean / unbiased std over the valid rewards; row faults (id outside [0, N),
 // non-finite or out-of-range valid reward) skip the row. The row's owner (its thread in a tile,
 // its warp's first lane for G > 32) loads the row's prompt id together with the rewards, and
-// gathers the prompt's state (one float4, one int4) while the rewards are reduced; a fault-free
-// row with n > 0 then claims the prompt with atomicMax(claim, stamp), stamp = step_counter[0] + 1:
-// a row that finds the stamp already there carries a duplicate id within this step and is
-// skipped (which of the duplicate rows wins is unspecified; the reference keeps the first). The
-// winner computes energy and the new state and scatters it back. (The winner's int4 store
-// touches the claim word a losing duplicate may atomicMax at the same time; both write the same
-// stamp, so this race is benign.) Skipped rows output zeros and OR their fault bits into
-// fault[0].
+// gathers the prompt's record while the rewards are reduced; a fault-free row with n > 0 then
+// claims the prompt with atomicMax(claim, stamp), stamp = step_counter[0] + 1: a row that finds
+// the stamp already there carries a duplicate id within this step and is skipped (which of the
+// duplicate rows wins is unspecified; the reference keeps the first). The winner computes energy
+// and the new state and scatters it back. (The winner's store of the int half touches the claim
+// word a losing duplicate may atomicMax at the same time; both write the same stamp, so this race
+// is benign.) Skipped rows output zeros and OR their fault bits into fault[0].
+//
+// In a selection step (lze_select.cu, SelectionPrep) the kernel also prepares the top-k: every
+// row's standard Gumbel draw for the selection's noise, keyed by (seed, step + 1, row) as the
+// top-k keys it (the step counter has advanced by then), each block's extent of its candidates'
+// energies (E > 0), and it zeroes the top-k's workspace header. The draws (Philox and two logs
+// in float64 a row) run here on every SM instead of in the one-block top-k.
 //
 // Step counter: every block reads step_counter[0] at the start; the last block to finish (an
-// atomic count in step_counter[1]) writes step_counter[0] + 1 and resets step_counter[1] to 0.
-// Nothing waits for another block.
+// atomic count in step_counter[1]) writes step_counter[0] + 1, resets step_counter[1] to 0,
+// copies the fault word to the host's mirror when there is one (host-mapped memory: the host
+// reads it without a copy launch or an event) and reduces the blocks' extents. Nothing waits
+// for another block.
 #include <stdint.h>
 
+#include "block_reduce.h"
 #include "cuda_compat.h"
+#include "launchers.h"
 #include "lze_cuda.h"
 
 namespace lze::cuda_step {
@@ -40,27 +51,16 @@ constexpr int kThreadsPerBlock = 256;
 constexpr int kWarpSize = 32;
 constexpr unsigned kFullMask = 0xffffffffu;
 
+using cuda_select::Extent;
+
 static_assert(kDInit == 0 && kEma == 1 && kLastPassRate == 2 && kLastEnergy == 3,
               "the float4 gather below assumes this field order");
 static_assert(kSeen == 0 && kSolvedStreak == 1 && kFlags == 2 && kClaim == 3,
               "the int4 gather below assumes this field order");
-
-struct StepArgs {
-  const void* rewards;
-  int32_t rewards_dtype;
-  const uint8_t* valid;
-  const int64_t* prompt_ids;
-  int64_t B, G, N;
-  float* fstate;
-  int32_t* istate;
-  int64_t* step_counter;
-  float* advantages;
-  float* pass_rate;
-  float* energy;
-  float* momentum;
-  int32_t* fault;
-  Params params;
-};
+static_assert(kRecordWords == 8 && kIntFieldsAt == 4, "a record is a float4 then an int4");
+static_assert(cuda_select::kStepTileRows == kThreadsPerBlock &&
+              cuda_select::kStepWarpRows * kWarpSize == kThreadsPerBlock &&
+              cuda_select::kStepTileMaxGroup == 32, "selection_plan.h's step grid");
 
 // The lanes of one row (G > 32: a whole warp, width 32).
 struct Segment {
@@ -187,9 +187,11 @@ struct PromptRow {
 
 __device__ __forceinline__ PromptRow gather_prompt(const StepArgs& a, int64_t id) {
   PromptRow p{id, id >= 0 && id < a.N, make_float4(0.0f, 0.0f, 0.0f, 0.0f), make_int4(0, 0, 0, 0)};
-  if (p.in_range) {
-    p.f = reinterpret_cast<const float4*>(a.fstate)[id];
-    p.s = reinterpret_cast<const int4*>(a.istate)[id];
+  if (p.in_range) {  // the record's two 16-byte halves: one 32-byte sector
+    p.f = reinterpret_cast<const float4*>(a.records)[2 * id];
+    p.s = reinterpret_cast<const int4*>(a.records)[2 * id + 1];
+    LZE_NOTE_STATE_ACCESS(a.records + id * kRecordWords, 16);
+    LZE_NOTE_STATE_ACCESS(a.records + id * kRecordWords + kIntFieldsAt, 16);
   }
   return p;
 }
@@ -204,26 +206,37 @@ __device__ RowOutputs update_prompt_state(const StepArgs& a, const PromptRow& pr
   const PromptStep u =
       advance_prompt(PromptState{f.x, f.y, f.z, f.w, s.x, s.y, s.z, s.w}, p, stamp, a.params);
   const PromptState& n = u.next;
-  reinterpret_cast<float4*>(a.fstate)[id] = make_float4(n.d_init, n.ema, n.last_pass_rate,
-                                                        n.last_energy);
-  reinterpret_cast<int4*>(a.istate)[id] = make_int4(n.seen, n.solved_streak, n.flags, n.claim);
+  reinterpret_cast<float4*>(a.records)[2 * id] =
+      make_float4(n.d_init, n.ema, n.last_pass_rate, n.last_energy);
+  reinterpret_cast<int4*>(a.records)[2 * id + 1] =
+      make_int4(n.seen, n.solved_streak, n.flags, n.claim);
+  LZE_NOTE_STATE_ACCESS(a.records + id * kRecordWords, 16);
+  LZE_NOTE_STATE_ACCESS(a.records + id * kRecordWords + kIntFieldsAt, 16);
   return {p, n.last_energy, u.momentum};
 }
 
+// What the owner of a row learnt: whether it updated its prompt (its advantages are then kept)
+// and the row's energy (0 when skipped).
+struct RowResult {
+  bool active;
+  float energy;
+};
+
 // Run by the row's owner (its thread in a tile, its warp's first lane for G > 32): fault checks,
-// the claim, the state update and the per-row outputs. Returns whether the row updated its
-// prompt (its advantages are then kept). Only the claim's winner writes the prompt in this step,
-// after its own loads, so every row that gathered it read its state before the step; a losing
-// duplicate drops what it read.
-__device__ __forceinline__ bool finish_row(const StepArgs& a, int64_t row,
-                                           const PromptRow& prompt, const RowStats& st,
-                                           int32_t stamp) {
+// the claim, the state update and the per-row outputs. Only the claim's winner writes the prompt
+// in this step, after its own loads, so every row that gathered it read its state before the
+// step; a losing duplicate drops what it read.
+__device__ __forceinline__ RowResult finish_row(const StepArgs& a, int64_t row,
+                                                const PromptRow& prompt, const RowStats& st,
+                                                int32_t stamp) {
   int32_t fault = st.fault;
   if (!prompt.in_range) fault |= kFaultIdOutOfRange;
   RowOutputs out{0.0f, 0.0f, 0.0f};
   bool active = false;
   if (fault == 0 && st.count > 0) {
-    if (atomicMax(&a.istate[prompt.id * kNumIntFields + kClaim], stamp) >= stamp) {
+    int32_t* claim = &a.records[prompt.id * kRecordWords + kIntFieldsAt + kClaim];
+    LZE_NOTE_STATE_ACCESS(claim, 4);
+    if (atomicMax(claim, stamp) >= stamp) {
       fault = kFaultDuplicateId;
     } else {
       out = update_prompt_state(a, prompt, st.mean, stamp);
@@ -234,11 +247,32 @@ __device__ __forceinline__ bool finish_row(const StepArgs& a, int64_t row,
   a.pass_rate[row] = out.pass_rate;
   a.energy[row] = out.energy;
   a.momentum[row] = out.momentum;
-  return active;
+  return {active, out.energy};
+}
+
+// A selection step's per-row preparation of the top-k, by the row's owner: the row's Gumbel
+// draw (keyed by the step the top-k sees, step + 1), and its energy for the block's extent.
+__device__ __forceinline__ Extent prepare_row_selection(const StepArgs& a, int64_t row,
+                                                        float energy, int64_t step) {
+  if (a.prep.draws != nullptr) {
+    a.prep.draws[row] = standard_gumbel(uniform_from_bits(
+        philox_4x32_10(a.prep.seed, static_cast<uint32_t>(step + 1), static_cast<uint32_t>(row))));
+  }
+  return cuda_select::with_energy(cuda_select::no_extent(), energy);
+}
+
+// The top-k workspace header zeroed by the whole grid (a selection step on the large plan).
+__device__ __forceinline__ void zero_selection_header(const StepArgs& a) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+       i < a.prep.zero_count; i += stride) {
+    a.prep.zero_words[i] = 0;
+  }
 }
 
 // One row per segment. Every lane of the warp runs the shuffles, including lanes whose row is
-// past the batch (in_batch false), so the full-mask intrinsics always see all 32 lanes.
+// past the batch (in_batch false), so the full-mask intrinsics always see all 32 lanes. Returns
+// the row's extent contribution in the owner lane (no candidate elsewhere).
 //
 // Order of the memory round trips (the step is latency-bound: with a state table past the L2
 // cache, 4M prompts = 128 MB, each is a DRAM access; in sequence, rewards -> id -> state and
@@ -246,8 +280,8 @@ __device__ __forceinline__ bool finish_row(const StepArgs& a, int64_t row,
 // issued with the reward loads; the state gather is issued once the id is in, before the
 // reductions' shuffles; the claim's atomic needs the row's faults and count, so it follows the
 // reductions, while the gather is still in flight. Two round trips in sequence instead of three.
-__device__ void process_row(const StepArgs& a, int64_t row, bool in_batch, Segment s,
-                            int32_t stamp) {
+__device__ Extent process_row(const StepArgs& a, int64_t row, bool in_batch, Segment s,
+                              int64_t step) {
   const int64_t first = row * a.G;
   const bool owner = in_batch && s.lane == 0;
   const int64_t id = owner ? a.prompt_ids[row] : -1;
@@ -256,22 +290,40 @@ __device__ void process_row(const StepArgs& a, int64_t row, bool in_batch, Segme
   RowStats st = reduce_partials(partial, s.width);
   const float sq_dev = in_batch ? sum_squared_deviations(a, first, s, st.mean) : 0.0f;
   st = with_stddev(st, sq_dev, s.width);
-  bool active = false;
-  if (owner) active = finish_row(a, row, prompt, st, stamp);
-  active = __shfl_sync(kFullMask, active, 0, s.width);
+  RowResult result{false, 0.0f};
+  Extent extent = cuda_select::no_extent();
+  if (owner) {
+    result = finish_row(a, row, prompt, st, static_cast<int32_t>(step + 1));
+    extent = prepare_row_selection(a, row, result.energy, step);
+  }
+  const bool active = __shfl_sync(kFullMask, result.active, 0, s.width);
   if (in_batch) write_advantages(a, first, s, active, st.mean, st.stddev, st.count);
+  return extent;
 }
 
-// Last-block-done: the last block to finish advances the step counter and resets the scratch
-// count. The fence orders this block's reads of step_counter[0] and its writes before the count.
-__device__ void advance_step_if_last(int64_t* step_counter, int64_t step) {
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x != 0) return;
-  auto* finished = reinterpret_cast<unsigned long long*>(step_counter + 1);
-  if (atomicAdd(finished, 1ull) == gridDim.x - 1ull) {
-    step_counter[0] = step + 1;
+// The end of every block: its extent to the selection's workspace, then last-block-done. The
+// last block to finish advances the step counter, resets the scratch count, copies the fault
+// word to the host's mirror and reduces the blocks' extents. The fence in is_last_block orders
+// this block's reads of step_counter[0], its fault bits and its extent before its ticket.
+__device__ void finish_block(const StepArgs& a, int64_t step, Extent row_extent) {
+  const bool extents = a.prep.block_extents != nullptr;
+  if (extents) {
+    const Extent e = cuda_select::block_extent(row_extent);
+    if (threadIdx.x == 0) a.prep.block_extents[blockIdx.x] = e;
+  }
+  auto* finished = reinterpret_cast<unsigned long long*>(a.step_counter + 1);
+  if (!cuda_select::is_last_block(finished)) return;
+  if (threadIdx.x == 0) {
+    a.step_counter[0] = step + 1;
     *finished = 0;
+    if (a.prep.fault_mirror != nullptr) {
+      *reinterpret_cast<volatile int32_t*>(a.prep.fault_mirror) = atomicOr(a.fault, 0);
+      __threadfence_system();
+    }
+  }
+  if (extents) {
+    const Extent e = cuda_select::reduce_block_extents(a.prep.block_extents, gridDim.x);
+    if (threadIdx.x == 0) *a.prep.extent = e;
   }
 }
 
@@ -279,10 +331,11 @@ __device__ void advance_step_if_last(int64_t* step_counter, int64_t step) {
 // kernel to 32 registers on sm_90 and spilled one.
 __global__ void __launch_bounds__(kThreadsPerBlock, 4) lze_step_kernel(const StepArgs a) {
   const int64_t step = a.step_counter[0];
+  zero_selection_header(a);
   const Segment s{static_cast<int>(threadIdx.x) % kWarpSize, kWarpSize};
   const int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarpSize;
-  process_row(a, row, row < a.B, s, static_cast<int32_t>(step + 1));
-  advance_step_if_last(a.step_counter, step);
+  const Extent extent = process_row(a, row, row < a.B, s, step);
+  finish_block(a, step, extent);
 }
 
 // ----------------------------------------------------------------------------- row tiles
@@ -390,6 +443,7 @@ __device__ void store_tile(const StepArgs& a, int64_t first_row, int rows, int s
 __global__ void __launch_bounds__(kThreadsPerBlock) lze_step_tile_kernel(const StepArgs a) {
   __shared__ RewardTile tile;
   const int64_t step = a.step_counter[0];
+  zero_selection_header(a);
   const int t = static_cast<int>(threadIdx.x);
   const int64_t first_row = static_cast<int64_t>(blockIdx.x) * kTileRows;
   const int64_t left = a.B - first_row;
@@ -400,40 +454,47 @@ __global__ void __launch_bounds__(kThreadsPerBlock) lze_step_tile_kernel(const S
   load_tile(a, first_row, rows, stride, tile);
   const PromptRow prompt = gather_prompt(a, id);
   __syncthreads();
+  Extent extent = cuda_select::no_extent();
   if (in_batch) {
     const RowStats st = tile_row_stats(a, tile, t, stride);
-    const bool active = finish_row(a, first_row + t, prompt, st, static_cast<int32_t>(step + 1));
-    tile_row_advantages(a, tile, t, stride, st, active);
+    const RowResult result = finish_row(a, first_row + t, prompt, st,
+                                        static_cast<int32_t>(step + 1));
+    extent = prepare_row_selection(a, first_row + t, result.energy, step);
+    tile_row_advantages(a, tile, t, stride, st, result.active);
   }
   __syncthreads();
   store_tile(a, first_row, rows, stride, tile);
-  advance_step_if_last(a.step_counter, step);
+  finish_block(a, step, extent);
+}
+
+}  // namespace lze::cuda_step
+
+namespace lze::cuda_step {
+
+// Launches the step kernel for B rows (any B >= 0: an empty batch still advances the counter).
+int launch_step(const StepArgs& args, cudaStream_t stream) {
+  if (args.B < 0 || args.G < 0) return cudaErrorInvalidValue;
+  const int64_t blocks = cuda_select::step_blocks(args.B, args.G);
+  if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>(blocks)), block(kThreadsPerBlock);
+  if (args.G <= kTileMaxGroup) {
+    LZE_LAUNCH(lze_step_tile_kernel, grid, block, 0, stream)(args);
+  } else {
+    LZE_LAUNCH(lze_step_kernel, grid, block, 0, stream)(args);
+  }
+  return static_cast<int>(cudaGetLastError());
 }
 
 }  // namespace lze::cuda_step
 
 extern "C" int lze_step_cuda(const void* rewards, int32_t rewards_dtype, const uint8_t* valid,
                              const int64_t* prompt_ids, int64_t B, int64_t G, int64_t N,
-                             float* fstate, int32_t* istate, int64_t* step_counter,
-                             float* advantages, float* pass_rate, float* energy, float* momentum,
-                             int32_t* fault, lze::Params params, void* stream) {
+                             int32_t* records, int64_t* step_counter, float* advantages,
+                             float* pass_rate, float* energy, float* momentum, int32_t* fault,
+                             lze::Params params, void* stream) {
   using namespace lze::cuda_step;
-  if (B < 0 || G < 0) return cudaErrorInvalidValue;
-  const bool tiled = G <= kTileMaxGroup;
-  // Rows per block: a tile of one row per thread, or one row per warp.
-  const int64_t rows_per_block = tiled ? kTileRows : kThreadsPerBlock / kWarpSize;
-  // B == 0 still launches one block: the step counter advances as in the reference.
-  const int64_t blocks = B == 0 ? 1 : (B + rows_per_block - 1) / rows_per_block;
-  if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
-  const StepArgs args{rewards,  rewards_dtype, valid,     prompt_ids, B,      G,
-                      N,        fstate,        istate,    step_counter, advantages, pass_rate,
-                      energy,   momentum,      fault,     params};
-  const dim3 grid(static_cast<unsigned>(blocks)), block(kThreadsPerBlock);
-  const auto s = static_cast<cudaStream_t>(stream);
-  if (tiled) {
-    LZE_LAUNCH(lze_step_tile_kernel, grid, block, 0, s)(args);
-  } else {
-    LZE_LAUNCH(lze_step_kernel, grid, block, 0, s)(args);
-  }
-  return static_cast<int>(cudaGetLastError());
+  const StepArgs args{rewards,    rewards_dtype, valid,  prompt_ids, B,        G,
+                      N,          records,       step_counter, advantages, pass_rate, energy,
+                      momentum,   fault,         params, SelectionPrep{}};
+  return launch_step(args, static_cast<cudaStream_t>(stream));
 }

@@ -1,223 +1,69 @@
 // Top-k selection of rows by energy (docs/spec.md §4), identical to
 // lze_kernels/reference.topk_select(energy, k, noise_scale, seed, step=step_counter[0]): the
-// same candidates (energy > 0), scores (lze::noisy_score: Gumbel noise keyed by (seed,
-// step_counter[0], row)) and order (descending score, ties to the smaller row); kept_indices in
-// ascending row order, -1 padded.
+// same candidates (energy > 0), scores (Gumbel noise keyed by (seed, step_counter[0], row)) and
+// order (descending score, ties to the smaller row); kept_indices in ascending row order, -1
+// padded.
 //
 // Algorithm: a radix select of the k-th best score, linear in B. Each candidate's score becomes
-// its 32-bit ordered bits s (lze::ordered_score_bits; 0 marks a non-candidate). Three histogram
-// passes over digits of 11, 11 and 10 bits, from the top, find the k-th largest s, T, and
-// `need`, how many rows with s == T are kept; every row with s > T is kept, and of the rows with
-// s == T the `need` first in row order (the tie rule). A prefix sum over rows then gives each
-// kept row its slot, so kept_indices comes out in row order with no sort.
+// its 32-bit ordered bits s (lze::ordered_score_bits; 0 marks a non-candidate). Histogram passes
+// over digits of s from the top find the k-th largest s, T, and `need`, how many rows with
+// s == T are kept; every row with s > T is kept, and of the rows with s == T the `need` first in
+// row order (the tie rule). A prefix count over rows then gives each kept row its slot, so
+// kept_indices comes out in row order with no sort.
 //
-// Two launch plans, both with no host sync and capturable in a CUDA graph:
-//  * B <= kOneBlockMaxRows (65,536): one launch of one block of kSmallThreads threads. The
-//    scores live in dynamic shared memory up to kSmallMaxRows (4 B per row: 32 KiB at 8,192
-//    rows, under the 48 KiB default), above that in a workspace of 4 B per row (256 KiB at most:
-//    the block's own writes, read back from L2); the histogram in 8 KiB of static shared memory.
-//    Each pass is 16 strips of 4,096 rows at most, which should take less time than the five
-//    launches it saves (each some 10 us of host time on the H200 run's host and a few
-//    microseconds of device gap, docs/gpu-results.md); not yet timed on a GPU.
-//  * larger B: six launches over ceil(B / tile) blocks of kThreads threads, tile = 1,024 rows
-//    (more for B > 1M, so that there are at most kMaxBlocks blocks): prepare (zero the
-//    workspace header; per-block energy extents for the noise scale), score (scores to the
-//    workspace, digit 1 histogram), refine twice (digits 2 and 3 of the rows still tied with
-//    the k-th best), count (per block: rows above T and rows equal to T) and write (each block's
-//    slots from the prefix of the block counts, then a block-wide prefix sum over its rows). The
-//    last block to finish each of score, refine and count (last-block-done: a fence and an
-//    atomic ticket, no waiting) narrows the cutoff or turns the block counts into block offsets.
-//    Bytes per row: 4 read (energy), 4 written and 16 read (scores: four later passes), 1 + 8 k/B
-//    written (mask, indices); the header is 24 KiB of histograms. Workspace: header + 24 B per
-//    block + 4 B per row (lze_topk_cuda_workspace_bytes).
+// Launch plans (selection_plan.h), both with no host sync and capturable in a CUDA graph:
+//  * B <= 16,384: one block of 1,024 threads, one launch: the scores in dynamic shared memory
+//    (4 B a row, 64 KiB at most), three passes of 11-, 11- and 10-bit digits over them with a
+//    2,048-bin shared histogram, then the write (a block scan a strip). Above that size the
+//    passes' strips, each a round trip on one SM, cost more than launches over all SMs: an H100
+//    measured 196 us at 65,536 rows in one block against 134 us at 262,144 in six launches.
+//  * larger B: three launches over P = ceil(B / tile) blocks of 1,024 threads (tile 16,384 rows
+//    up to 16M rows, so P <= 1,024; then larger tiles of at most 61,440): score (A), refine (B)
+//    and write (C), 16-bit digits with per-block histograms of packed 16-bit counters in 128 KiB
+//    of shared memory (selection_plan.h says how each pass works). Per row: energy read once
+//    (and the draw with noise), the score written once and read twice, the mask written once;
+//    per block, 128 KiB of shared memory zeroed and scanned twice; the last block of A and of B
+//    scans a 65,536-bin global histogram (256 KiB from L2).
+//    The draws, the extent and the zeroed header come from the selection step's step kernel
+//    (lze_select.cu) or, for a top-k alone (ops.topk_mask), from prepare_kernel: four launches.
 //
 // Every pass takes a block's rows in strips, each thread four consecutive rows whose loads it
-// issues together (one 16-byte load of four scores): the passes are latency-bound at moderate B,
-// where a thread's rows one after another spent a DRAM round trip each (an H200 profile at
-// B = 65,536 with 4,096-row tiles: 13-18 us per pass, about the same at 1M).
+// issues together (one 16-byte load of four scores): the passes are latency-bound at moderate B.
 //
 // Bounds: rows and positions are int64 in the loops; counts are uint32 (B < 2^31, checked by the
-// launcher); every store to kept_indices is guarded by its position < k.
+// launcher); every store to kept_indices is guarded by its position < k; a packed 16-bit counter
+// counts at most a tile's rows (< 65,536).
 #include <stdint.h>
 
+#include "block_reduce.h"
 #include "cuda_compat.h"
+#include "launchers.h"
 #include "lze_cuda.h"
 
 namespace lze::cuda_topk {
 
-constexpr int kWarpSize = 32;
-constexpr unsigned kFullMask = 0xffffffffu;
-constexpr int kThreads = 256;          // threads per block of the multi-launch plan
-constexpr int kSmallThreads = 1024;    // threads of the one-block plan
-constexpr int kRowsPerThread = 4;      // consecutive rows per thread in each strip of a block
-constexpr int64_t kStripRows = static_cast<int64_t>(kRowsPerThread) * kThreads;
-constexpr int64_t kMinTileRows = kStripRows;  // rows per block of the multi-launch plan, at least
-constexpr int64_t kMaxBlocks = 1024;    // blocks of the multi-launch plan, at most
-constexpr int64_t kSmallMaxRows = 8192;       // one block, scores in shared memory
-constexpr int64_t kOneBlockMaxRows = 65536;   // one block, scores in the workspace
-constexpr int kPasses = 3;
-constexpr int kBins = 2048;  // 2^11, the widest digit
-constexpr uint32_t kNoThreshold = 0xffffffffu;  // above every candidate's s: nothing kept
+using cuda_select::Cutoff;
+using cuda_select::Extent;
+using cuda_select::kBins;
+using cuda_select::kNoThreshold;
+using cuda_select::kRowsPerThread;
+using cuda_select::Workspace;
 
-// Digits of the 32-bit ordered score, from the top: bits [21, 32), [10, 21), [0, 10).
-__device__ __forceinline__ int digit_shift(int pass) { return pass == 0 ? 21 : pass == 1 ? 10 : 0; }
-__device__ __forceinline__ int digit_bits(int pass) { return pass == 2 ? 10 : 11; }
+constexpr int kSmallBins = 2048;  // 2^11, the one-block plan's widest digit
+constexpr int kSmallPasses = 3;
+constexpr int kTicketScore = 0, kTicketRefine = 1, kTicketWrite = 2;
 
-struct TopkArgs {
-  const float* energy;
-  int64_t B;
-  int64_t k;
-  float noise_scale;
-  uint32_t seed;
-  const int64_t* step_counter;
-  uint8_t* keep_mask;
-  int64_t* kept_indices;
-  int64_t* num_kept;
+// Digits of the one-block plan, from the top: bits [21, 32), [10, 21), [0, 10).
+__device__ __forceinline__ int small_digit_shift(int pass) {
+  return pass == 0 ? 21 : pass == 1 ? 10 : 0;
+}
+__device__ __forceinline__ int small_digit_bits(int pass) { return pass == 2 ? 10 : 11; }
+
+// The noise inputs of the scores: the Gumbel scale and, when prepared, the rows' draws.
+struct Noise {
+  float scale;         // 0: no noise
+  const float* draws;  // [B] or null: draw each row's Gumbel noise here
 };
-
-// The radix select's progress: the bits of the k-th best score found so far and its rank
-// (1-based) among the candidates that share them. After the last pass, threshold is T and rank
-// is `need`; rank 0 means nothing is kept (threshold kNoThreshold).
-struct Cutoff {
-  uint32_t threshold;
-  uint32_t rank;
-  uint32_t kept;  // min(k, number of candidates)
-  uint32_t unused;
-};
-
-struct Extent {
-  float high;  // largest candidate energy, -inf without candidates
-  float low;   // smallest, +inf without candidates
-};
-
-// Workspace of the multi-launch plan, carved from one device buffer (workspace_layout).
-// The header (histograms, tickets, cutoff) is zeroed by the first launch.
-constexpr int kTickets = 4;  // score, refine 1, refine 2, count
-constexpr int64_t kHeaderWords = kPasses * kBins + kTickets + sizeof(Cutoff) / 4;
-
-struct Workspace {
-  uint32_t* header;        // [kHeaderWords]: the three fields below
-  uint32_t* histograms;    // [kPasses][kBins]
-  uint32_t* tickets;       // [kTickets] last-block-done counters
-  Cutoff* cutoff;
-  Extent* extents;         // [blocks]
-  uint32_t* block_counts;  // [blocks][2]: rows with s > T, rows with s == T
-  uint32_t* block_slots;   // [blocks][2]: kept rows before the block, rows with s == T before it
-  uint32_t* scores;        // [B]
-};
-
-struct Plan {
-  int64_t blocks;
-  int64_t tile_rows;
-};
-
-Plan plan_for(int64_t B) {
-  int64_t tile = kMinTileRows;  // whole strips, so every strip starts at a multiple of 4 rows
-  if (B > tile * kMaxBlocks) tile = ((B + kMaxBlocks - 1) / kMaxBlocks + kStripRows - 1) / kStripRows * kStripRows;
-  return {(B + tile - 1) / tile, tile};
-}
-
-int64_t align16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
-
-// Byte offsets of the workspace fields; the last is the total size.
-struct WorkspaceLayout {
-  int64_t extents, block_counts, block_slots, scores, total;
-};
-
-WorkspaceLayout workspace_layout(int64_t B, int64_t blocks) {
-  WorkspaceLayout l{};
-  l.extents = align16(kHeaderWords * 4);
-  l.block_counts = l.extents + align16(blocks * static_cast<int64_t>(sizeof(Extent)));
-  l.block_slots = l.block_counts + align16(blocks * 8);
-  l.scores = l.block_slots + align16(blocks * 8);
-  l.total = l.scores + align16(B * 4);
-  return l;
-}
-
-Workspace carve(void* base, int64_t B, int64_t blocks) {
-  const WorkspaceLayout l = workspace_layout(B, blocks);
-  auto* bytes = static_cast<unsigned char*>(base);
-  auto* header = reinterpret_cast<uint32_t*>(bytes);
-  return {header,
-          header,
-          header + kPasses * kBins,
-          reinterpret_cast<Cutoff*>(header + kPasses * kBins + kTickets),
-          reinterpret_cast<Extent*>(bytes + l.extents),
-          reinterpret_cast<uint32_t*>(bytes + l.block_counts),
-          reinterpret_cast<uint32_t*>(bytes + l.block_slots),
-          reinterpret_cast<uint32_t*>(bytes + l.scores)};
-}
-
-// ----------------------------------------------------------------------------- block primitives
-
-__device__ uint32_t warp_inclusive_scan(uint32_t value) {
-  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
-  for (int offset = 1; offset < kWarpSize; offset *= 2) {
-    const uint32_t other = __shfl_up_sync(kFullMask, value, offset);
-    if (lane >= offset) value += other;
-  }
-  return value;
-}
-
-// Exclusive prefix sum of one value per thread, in thread order; `total` gets the block's sum.
-// Every thread of the block must call it (it has barriers).
-__device__ uint32_t block_exclusive_scan(uint32_t value, uint32_t& total) {
-  __shared__ uint32_t warp_sums[kWarpSize];
-  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
-  const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
-  const int warps = static_cast<int>(blockDim.x) / kWarpSize;
-  const uint32_t inclusive = warp_inclusive_scan(value);
-  if (lane == kWarpSize - 1) warp_sums[warp] = inclusive;
-  __syncthreads();
-  if (warp == 0) {
-    const uint32_t scanned = warp_inclusive_scan(lane < warps ? warp_sums[lane] : 0u);
-    if (lane < warps) warp_sums[lane] = scanned;  // inclusive over the warps
-  }
-  __syncthreads();
-  const uint32_t before = (warp == 0 ? 0u : warp_sums[warp - 1]) + inclusive - value;
-  total = warp_sums[warps - 1];
-  __syncthreads();  // warp_sums is reused by the next scan
-  return before;
-}
-
-__device__ uint32_t block_sum(uint32_t value) {
-  uint32_t total;
-  block_exclusive_scan(value, total);
-  return total;
-}
-
-__device__ Extent block_extent(Extent e) {
-  __shared__ Extent warp_extents[kWarpSize];
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
-    e.high = fmaxf(e.high, __shfl_xor_sync(kFullMask, e.high, offset));
-    e.low = fminf(e.low, __shfl_xor_sync(kFullMask, e.low, offset));
-  }
-  const int warps = static_cast<int>(blockDim.x) / kWarpSize;
-  if (threadIdx.x % kWarpSize == 0) warp_extents[threadIdx.x / kWarpSize] = e;
-  __syncthreads();
-  Extent total = warp_extents[0];
-  for (int w = 1; w < warps; ++w) {
-    total.high = fmaxf(total.high, warp_extents[w].high);
-    total.low = fminf(total.low, warp_extents[w].low);
-  }
-  __syncthreads();
-  return total;
-}
-
-// Last-block-done (the threadFenceReduction pattern): true, in every thread, of the block that
-// takes the last ticket; every other block's writes before its ticket are then visible to it
-// (read them through volatile pointers, past the L1 cache). Nothing waits for another block.
-__device__ bool is_last_block(uint32_t* ticket) {
-  __shared__ bool last;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(ticket, 1u) == gridDim.x - 1u;
-  __syncthreads();
-  const bool result = last;
-  if (result) __threadfence();
-  __syncthreads();  // `last` is read before any later write to it
-  return result;
-}
 
 // ----------------------------------------------------------------------------- rows
 
@@ -228,10 +74,15 @@ __device__ __forceinline__ int64_t first_row_of_thread(int64_t strip) {
   return strip + static_cast<int64_t>(kRowsPerThread) * threadIdx.x;
 }
 
-__device__ __forceinline__ uint32_t candidate_score(const TopkArgs& a, int64_t row, float scale,
+__device__ __forceinline__ int64_t strip_rows() {
+  return static_cast<int64_t>(kRowsPerThread) * blockDim.x;
+}
+
+__device__ __forceinline__ uint32_t candidate_score(const TopkArgs& a, int64_t row, Noise noise,
                                                     uint32_t step, float e) {
   if (!(e > 0.0f)) return 0;
-  return ordered_score_bits(noisy_score(e, scale, a.seed, step, static_cast<uint32_t>(row)));
+  if (noise.draws != nullptr) return ordered_score_bits(score_with_draw(e, noise.scale, noise.draws[row]));
+  return ordered_score_bits(noisy_score(e, noise.scale, a.seed, step, static_cast<uint32_t>(row)));
 }
 
 // Energies of rows [row0, row0 + 4), 0 past `last` (a user's tensor: no alignment assumed).
@@ -258,59 +109,25 @@ __device__ __forceinline__ void load_four_scores(const uint32_t* scores, int64_t
 
 // Largest and smallest candidate energy of rows [first, last), in every thread.
 __device__ Extent rows_extent(const TopkArgs& a, int64_t first, int64_t last) {
-  Extent e{-INFINITY, INFINITY};
-  for (int64_t strip = first; strip < last; strip += kRowsPerThread * blockDim.x) {
+  Extent e = cuda_select::no_extent();
+  for (int64_t strip = first; strip < last; strip += strip_rows()) {
     float energy[kRowsPerThread];
     load_four_energies(a.energy, first_row_of_thread(strip), last, energy);
-    for (int i = 0; i < kRowsPerThread; ++i) {
-      if (!(energy[i] > 0.0f)) continue;
-      e.high = fmaxf(e.high, energy[i]);
-      e.low = fminf(e.low, energy[i]);
-    }
+    for (int i = 0; i < kRowsPerThread; ++i) e = cuda_select::with_energy(e, energy[i]);
   }
-  return block_extent(e);
+  return cuda_select::block_extent(e);
 }
 
-__device__ float noise_scale_of(const TopkArgs& a, Extent e) {
+__device__ __forceinline__ float noise_scale_of(const TopkArgs& a, Extent e) {
   return a.noise_scale > 0.0f ? gumbel_scale(a.noise_scale, e.high, e.low) : 0.0f;
 }
 
-__device__ __forceinline__ bool shares_prefix(uint32_t s, uint32_t prefix, int pass) {
-  if (pass == 0) return true;
-  const int chosen_from = digit_shift(pass) + digit_bits(pass);  // bits [chosen_from, 32) are set
-  return (s >> chosen_from) == (prefix >> chosen_from);
-}
-
-__device__ __forceinline__ void count_digit(uint32_t s, int pass, uint32_t* histogram) {
-  atomicAdd(&histogram[(s >> digit_shift(pass)) & ((1u << digit_bits(pass)) - 1u)], 1u);
-}
-
-// Scores of rows [first, last) into scores[row], each candidate counted in the histogram of the
-// first digit.
-__device__ void score_rows(const TopkArgs& a, int64_t first, int64_t last, float scale,
-                           uint32_t* scores, uint32_t* histogram) {
+// Standard Gumbel draws of rows [first, last) into draws[row] (keyed as the top-k keys them).
+__device__ void draw_rows(const TopkArgs& a, int64_t first, int64_t last, float* draws) {
   const uint32_t step = static_cast<uint32_t>(a.step_counter[0]);
-  for (int64_t strip = first; strip < last; strip += kRowsPerThread * blockDim.x) {
-    const int64_t row0 = first_row_of_thread(strip);
-    float energy[kRowsPerThread];
-    load_four_energies(a.energy, row0, last, energy);
-    for (int i = 0; i < kRowsPerThread && row0 + i < last; ++i) {
-      const uint32_t s = candidate_score(a, row0 + i, scale, step, energy[i]);
-      scores[row0 + i] = s;
-      if (s != 0) count_digit(s, 0, histogram);
-    }
-  }
-}
-
-// Counts the digit of `pass` of the candidates of rows [first, last) still tied with the cutoff.
-__device__ void count_tied_rows(const uint32_t* scores, int64_t first, int64_t last, int pass,
-                                uint32_t prefix, uint32_t* histogram) {
-  for (int64_t strip = first; strip < last; strip += kRowsPerThread * blockDim.x) {
-    uint32_t s[kRowsPerThread];
-    load_four_scores(scores, first_row_of_thread(strip), last, s);
-    for (int i = 0; i < kRowsPerThread; ++i) {
-      if (s[i] != 0 && shares_prefix(s[i], prefix, pass)) count_digit(s[i], pass, histogram);
-    }
+  for (int64_t row = first + threadIdx.x; row < last; row += blockDim.x) {
+    draws[row] = standard_gumbel(
+        uniform_from_bits(philox_4x32_10(a.seed, step, static_cast<uint32_t>(row))));
   }
 }
 
@@ -342,7 +159,7 @@ __device__ uint32_t histogram_total(const volatile uint32_t* histogram, int bins
   const BinRange mine = owned_bins(bins);
   uint32_t count = 0;
   for (int b = mine.low; b < mine.high; ++b) count += histogram[b];
-  return block_sum(count);
+  return cuda_select::block_sum(count);
 }
 
 // The digit of the rank-th largest key counted in histogram[bins] (1 <= rank <= the total) and
@@ -353,7 +170,7 @@ __device__ DigitChoice choose_digit(const volatile uint32_t* histogram, int bins
   uint32_t count = 0;
   for (int b = mine.low; b < mine.high; ++b) count += histogram[b];
   uint32_t total;
-  uint32_t above = block_exclusive_scan(count, total);  // keys in the bins of lower threads
+  uint32_t above = cuda_select::block_exclusive_scan(count, total);  // keys in higher bins
   for (int b = mine.high - 1; b >= mine.low; --b) {
     const uint32_t h = histogram[b];
     if (above < rank && rank <= above + h) choice = {static_cast<uint32_t>(b), rank - above};
@@ -365,20 +182,22 @@ __device__ DigitChoice choose_digit(const volatile uint32_t* histogram, int bins
   return result;
 }
 
-// The cutoff after the first digit's histogram (which counts every candidate).
-__device__ Cutoff first_cutoff(const volatile uint32_t* histogram, int64_t k) {
-  const uint32_t candidates = histogram_total(histogram, kBins);
+// The cutoff after the first digit's histogram (which counts every candidate): the digit's bits
+// at `shift`.
+__device__ Cutoff first_cutoff(const volatile uint32_t* histogram, int bins, int shift, int64_t k) {
+  const uint32_t candidates = histogram_total(histogram, bins);
   const uint32_t kept = candidates < k ? candidates : static_cast<uint32_t>(k);
   if (kept == 0) return {kNoThreshold, 0, 0, 0};
-  const DigitChoice d = choose_digit(histogram, kBins, kept);
-  return {d.digit << digit_shift(0), d.rank, kept, 0};
+  const DigitChoice d = choose_digit(histogram, bins, kept);
+  return {d.digit << shift, d.rank, kept, 0};
 }
 
-// The cutoff narrowed by the histogram of pass `pass` (1 or 2) of the rows tied with it.
-__device__ Cutoff narrowed_cutoff(Cutoff c, const volatile uint32_t* histogram, int pass) {
+// The cutoff narrowed by the histogram of the next digit (at `shift`) of the rows tied with it.
+__device__ Cutoff narrowed_cutoff(Cutoff c, const volatile uint32_t* histogram, int bins,
+                                  int shift) {
   if (c.rank == 0) return c;  // uniform: nothing to keep
-  const DigitChoice d = choose_digit(histogram, 1 << digit_bits(pass), c.rank);
-  c.threshold |= d.digit << digit_shift(pass);
+  const DigitChoice d = choose_digit(histogram, bins, c.rank);
+  c.threshold |= d.digit << shift;
   c.rank = d.rank;
   return c;
 }
@@ -396,14 +215,14 @@ struct Slots {
 // four rows a thread counts on from the scans' prefixes.
 __device__ void write_rows(const TopkArgs& a, const uint32_t* scores, int64_t first, int64_t last,
                            Cutoff c, Slots before) {
-  for (int64_t strip = first; strip < last; strip += kRowsPerThread * blockDim.x) {
+  for (int64_t strip = first; strip < last; strip += strip_rows()) {
     const int64_t row0 = first_row_of_thread(strip);
     uint32_t s[kRowsPerThread];
     load_four_scores(scores, row0, last, s);
     uint32_t tied_mine = 0;
     for (int i = 0; i < kRowsPerThread; ++i) tied_mine += s[i] != 0 && s[i] == c.threshold;
     uint32_t tied_here;
-    uint32_t tie_rank = before.tied + block_exclusive_scan(tied_mine, tied_here);
+    uint32_t tie_rank = before.tied + cuda_select::block_exclusive_scan(tied_mine, tied_here);
     bool keep[kRowsPerThread];
     uint32_t kept_mine = 0;
     for (int i = 0; i < kRowsPerThread; ++i) {
@@ -413,7 +232,7 @@ __device__ void write_rows(const TopkArgs& a, const uint32_t* scores, int64_t fi
       kept_mine += keep[i] ? 1u : 0u;
     }
     uint32_t kept_here;
-    uint32_t slot = before.kept + block_exclusive_scan(kept_mine, kept_here);
+    uint32_t slot = before.kept + cuda_select::block_exclusive_scan(kept_mine, kept_here);
     for (int i = 0; i < kRowsPerThread && row0 + i < last; ++i) {
       a.keep_mask[row0 + i] = keep[i] ? 1 : 0;
       if (keep[i] && slot < a.k) a.kept_indices[slot] = row0 + i;
@@ -436,180 +255,303 @@ __device__ void write_count_and_padding(const TopkArgs& a, uint32_t kept) {
 
 // ----------------------------------------------------------------------------- one block
 
-// `workspace_scores`: B words of global memory for the scores, or null to keep them in dynamic
-// shared memory. (A block's global writes are visible to its own threads after a barrier.)
-__global__ void __launch_bounds__(kSmallThreads) small_topk_kernel(const TopkArgs a,
-                                                                   uint32_t* workspace_scores) {
-  LZE_DYNAMIC_SHARED(uint32_t, shared_scores);
-  uint32_t* scores = workspace_scores != nullptr ? workspace_scores : shared_scores;
-  __shared__ uint32_t histogram[kBins];
-  const float scale = a.noise_scale > 0.0f ? noise_scale_of(a, rows_extent(a, 0, a.B)) : 0.0f;
-  zero(histogram, kBins);
+__device__ __forceinline__ void count_small_digit(uint32_t s, int pass, uint32_t* histogram) {
+  atomicAdd(&histogram[(s >> small_digit_shift(pass)) & ((1u << small_digit_bits(pass)) - 1u)],
+            1u);
+}
+
+__device__ __forceinline__ bool shares_small_prefix(uint32_t s, uint32_t prefix, int pass) {
+  if (pass == 0) return true;
+  const int chosen_from = small_digit_shift(pass) + small_digit_bits(pass);
+  return (s >> chosen_from) == (prefix >> chosen_from);
+}
+
+// `draws`/`extent`: prepared by the selection step's step kernel, or null (noise drawn here).
+__global__ void __launch_bounds__(cuda_select::kSmallThreads) small_topk_kernel(
+    const TopkArgs a, const float* draws, const Extent* extent) {
+  LZE_DYNAMIC_SHARED(uint32_t, scores);
+  __shared__ uint32_t histogram[kSmallBins];
+  Noise noise{0.0f, draws};
+  if (a.noise_scale > 0.0f) {
+    noise.scale = noise_scale_of(a, extent != nullptr ? *extent : rows_extent(a, 0, a.B));
+  }
+  const uint32_t step = static_cast<uint32_t>(a.step_counter[0]);
+  zero(histogram, kSmallBins);
   __syncthreads();
-  score_rows(a, 0, a.B, scale, scores, histogram);
+  for (int64_t strip = 0; strip < a.B; strip += strip_rows()) {
+    const int64_t row0 = first_row_of_thread(strip);
+    float energy[kRowsPerThread];
+    load_four_energies(a.energy, row0, a.B, energy);
+    for (int i = 0; i < kRowsPerThread && row0 + i < a.B; ++i) {
+      const uint32_t s = candidate_score(a, row0 + i, noise, step, energy[i]);
+      scores[row0 + i] = s;
+      if (s != 0) count_small_digit(s, 0, histogram);
+    }
+  }
   __syncthreads();
-  Cutoff c = first_cutoff(histogram, a.k);
-  for (int pass = 1; pass < kPasses; ++pass) {
-    zero(histogram, kBins);
+  Cutoff c = first_cutoff(histogram, kSmallBins, small_digit_shift(0), a.k);
+  for (int pass = 1; pass < kSmallPasses; ++pass) {
+    zero(histogram, kSmallBins);
     __syncthreads();
-    if (c.rank != 0) count_tied_rows(scores, 0, a.B, pass, c.threshold, histogram);
+    for (int64_t strip = 0; c.rank != 0 && strip < a.B; strip += strip_rows()) {
+      uint32_t s[kRowsPerThread];
+      load_four_scores(scores, first_row_of_thread(strip), a.B, s);
+      for (int i = 0; i < kRowsPerThread; ++i) {
+        if (s[i] != 0 && shares_small_prefix(s[i], c.threshold, pass)) {
+          count_small_digit(s[i], pass, histogram);
+        }
+      }
+    }
     __syncthreads();
-    c = narrowed_cutoff(c, histogram, pass);
+    c = narrowed_cutoff(c, histogram, 1 << small_digit_bits(pass), small_digit_shift(pass));
   }
   write_rows(a, scores, 0, a.B, c, Slots{0, 0});
   write_count_and_padding(a, c.kept);
 }
 
-// ----------------------------------------------------------------------------- many blocks
+// ----------------------------------------------------------------------------- large plan
 
 struct Tile {
   int64_t first, last;
 };
 
-__device__ Tile block_tile(const TopkArgs& a, int64_t tile_rows) {
-  const int64_t first = blockIdx.x * tile_rows;
+__device__ __forceinline__ Tile tile_of(const TopkArgs& a, int64_t block, int64_t tile_rows) {
+  const int64_t first = block * tile_rows;
   return {first, first + tile_rows < a.B ? first + tile_rows : a.B};
 }
 
-// The last block's copy of the global histogram in its shared memory: one coalesced pass past
-// L1 (volatile), so that the digit choice's several passes over the bins read shared memory.
-__device__ void stage_histogram(const volatile uint32_t* global, uint32_t* shared) {
-  for (int b = threadIdx.x; b < kBins; b += blockDim.x) shared[b] = global[b];
-  __syncthreads();
+// Per-block histograms of a 16-bit digit: 65,536 16-bit counters packed two to a word in
+// dynamic shared memory (128 KiB). A tile has fewer than 65,536 rows, so no counter carries.
+__device__ __forceinline__ void count_packed(uint32_t* packed, uint32_t digit) {
+  atomicAdd(&packed[digit >> 1], 1u << ((digit & 1u) * 16));
 }
 
-// Adds a block's shared histogram to the global one (only the bins it counted).
-__device__ void merge_histogram(const uint32_t* shared, uint32_t* global) {
-  for (int b = threadIdx.x; b < kBins; b += blockDim.x) {
-    if (shared[b] != 0) atomicAdd(&global[b], shared[b]);
+// Adds the block's packed counters to the global histogram (only the bins it counted).
+__device__ void merge_packed(const uint32_t* packed, uint32_t* global) {
+  for (int w = threadIdx.x; w < kBins / 2; w += blockDim.x) {
+    const uint32_t v = packed[w];
+    if ((v & 0xffffu) != 0) atomicAdd(&global[2 * w], v & 0xffffu);
+    if ((v >> 16) != 0) atomicAdd(&global[2 * w + 1], v >> 16);
   }
 }
 
-__global__ void __launch_bounds__(kThreads) prepare_kernel(const TopkArgs a, Workspace w,
-                                                           int64_t tile_rows) {
+// A top-k alone: zeroes the header, draws the rows' noise and writes each block's extent (in a
+// selection step the step kernel does this). No last block reduces the extents: the header's
+// tickets are being zeroed by this launch; score_kernel reduces them instead.
+__global__ void __launch_bounds__(cuda_select::kLargeThreads) prepare_kernel(
+    const TopkArgs a, Workspace w, int64_t header_words, int64_t tile_rows) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < kHeaderWords;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < header_words;
        i += stride) {
     w.header[i] = 0;
   }
-  if (a.noise_scale > 0.0f) {
-    const Tile t = block_tile(a, tile_rows);
-    const Extent e = rows_extent(a, t.first, t.last);
-    if (threadIdx.x == 0) w.extents[blockIdx.x] = e;
-  }
+  if (!(a.noise_scale > 0.0f)) return;
+  const Tile t = tile_of(a, blockIdx.x, tile_rows);
+  draw_rows(a, t.first, t.last, w.draws);
+  const Extent e = rows_extent(a, t.first, t.last);
+  if (threadIdx.x == 0) w.block_extents[blockIdx.x] = e;
 }
 
-// The noise scale from every block's extent (at most kMaxBlocks of them).
-__device__ float grid_noise_scale(const TopkArgs& a, const Workspace& w) {
-  if (!(a.noise_scale > 0.0f)) return 0.0f;
-  Extent e{-INFINITY, INFINITY};
-  for (int64_t b = threadIdx.x; b < gridDim.x; b += blockDim.x) {
-    e.high = fmaxf(e.high, w.extents[b].high);
-    e.low = fminf(e.low, w.extents[b].low);
-  }
-  return noise_scale_of(a, block_extent(e));
+// The candidates' extent: reduced by the step kernel's last block, or (a top-k alone) from
+// prepare_kernel's per-block extents, in every block (at most 1,024 of 8 bytes each, from L2).
+__device__ Extent selection_extent(const Workspace& w, int64_t extent_blocks) {
+  if (extent_blocks == 0) return *w.extent;
+  return cuda_select::reduce_block_extents(w.block_extents, extent_blocks);
 }
 
-__global__ void __launch_bounds__(kThreads) score_kernel(const TopkArgs a, Workspace w,
-                                                         int64_t tile_rows) {
-  __shared__ uint32_t histogram[kBins];
-  const float scale = grid_noise_scale(a, w);
-  const Tile t = block_tile(a, tile_rows);
-  zero(histogram, kBins);
+// (A) Scores of the tile into the workspace, their top 16 bits counted; the last block picks the
+// top 16 bits of the k-th best score. `extent_blocks`: see selection_extent.
+__global__ void __launch_bounds__(cuda_select::kLargeThreads) score_kernel(
+    const TopkArgs a, Workspace w, int64_t tile_rows, int64_t extent_blocks) {
+  LZE_DYNAMIC_SHARED(uint32_t, packed);
+  const bool noisy = a.noise_scale > 0.0f;
+  const Noise noise{noisy ? noise_scale_of(a, selection_extent(w, extent_blocks)) : 0.0f,
+                    noisy ? w.draws : nullptr};
+  const Tile t = tile_of(a, blockIdx.x, tile_rows);
+  zero(packed, kBins / 2);
   __syncthreads();
-  score_rows(a, t.first, t.last, scale, w.scores, histogram);
+  for (int64_t strip = t.first; strip < t.last; strip += strip_rows()) {
+    const int64_t row0 = first_row_of_thread(strip);
+    float energy[kRowsPerThread];
+    load_four_energies(a.energy, row0, t.last, energy);
+    for (int i = 0; i < kRowsPerThread && row0 + i < t.last; ++i) {
+      const uint32_t s = candidate_score(a, row0 + i, noise, 0, energy[i]);  // draws given
+      w.scores[row0 + i] = s;
+      if (s != 0) count_packed(packed, s >> 16);
+    }
+  }
   __syncthreads();
-  merge_histogram(histogram, w.histograms);
-  if (!is_last_block(&w.tickets[0])) return;
-  stage_histogram(w.histograms, histogram);
-  const Cutoff c = first_cutoff(histogram, a.k);
+  merge_packed(packed, w.histograms);
+  if (!cuda_select::is_last_block(&w.tickets[kTicketScore])) return;
+  const Cutoff c = first_cutoff(w.histograms, kBins, 16, a.k);
   if (threadIdx.x == 0) *w.cutoff = c;
 }
 
-__global__ void __launch_bounds__(kThreads) refine_kernel(const TopkArgs a, Workspace w,
-                                                          int64_t tile_rows, int pass) {
-  __shared__ uint32_t histogram[kBins];
+// (B) The rows tied with the cutoff's top 16 bits count their low 16 bits (the filter fused
+// into the histogram); the last block completes T and `need`.
+__global__ void __launch_bounds__(cuda_select::kLargeThreads) refine_kernel(
+    const TopkArgs a, Workspace w, int64_t tile_rows) {
+  LZE_DYNAMIC_SHARED(uint32_t, packed);
   const Cutoff c = *w.cutoff;
   if (c.rank == 0) return;  // uniform over the grid: nothing is kept
-  const Tile t = block_tile(a, tile_rows);
-  zero(histogram, kBins);
+  const Tile t = tile_of(a, blockIdx.x, tile_rows);
+  zero(packed, kBins / 2);
   __syncthreads();
-  count_tied_rows(w.scores, t.first, t.last, pass, c.threshold, histogram);
+  for (int64_t strip = t.first; strip < t.last; strip += strip_rows()) {
+    uint32_t s[kRowsPerThread];
+    load_four_scores(w.scores, first_row_of_thread(strip), t.last, s);
+    for (int i = 0; i < kRowsPerThread; ++i) {
+      if (s[i] != 0 && (s[i] >> 16) == (c.threshold >> 16)) count_packed(packed, s[i] & 0xffffu);
+    }
+  }
   __syncthreads();
-  uint32_t* global = w.histograms + pass * kBins;
-  merge_histogram(histogram, global);
-  if (!is_last_block(&w.tickets[pass])) return;
-  stage_histogram(global, histogram);
-  const Cutoff narrowed = narrowed_cutoff(c, histogram, pass);
+  uint32_t* global = w.histograms + kBins;
+  merge_packed(packed, global);
+  if (!cuda_select::is_last_block(&w.tickets[kTicketRefine])) return;
+  const Cutoff narrowed = narrowed_cutoff(c, global, kBins, 0);
   if (threadIdx.x == 0) *w.cutoff = narrowed;
 }
 
-// Rows of [first, last) above the cutoff and tied with it.
-__device__ void count_block_rows(const Workspace& w, Tile t, Cutoff c) {
+// Decoupled look-back words: a block's counts of rows above and tied with T (31 bits each) and
+// whether they are its own (aggregate) or of it and every block before it (inclusive). 0: not
+// yet published.
+constexpr unsigned long long kAggregate = 1ull << 63, kInclusive = 1ull << 62;
+constexpr unsigned long long kCountMask = (1ull << 31) - 1;
+
+__device__ __forceinline__ unsigned long long pack_counts(Slots s, unsigned long long flag) {
+  return flag | (static_cast<unsigned long long>(s.tied) << 31) | s.kept;
+}
+
+__device__ __forceinline__ Slots unpack_counts(unsigned long long word) {
+  return {static_cast<uint32_t>(word & kCountMask), static_cast<uint32_t>((word >> 31) & kCountMask)};
+}
+
+// Rows above and tied with the cutoff among rows [first, last) (in .kept and .tied).
+__device__ Slots count_tile(const uint32_t* scores, Tile t, Cutoff c) {
   uint32_t above = 0, tied = 0;
-  for (int64_t strip = t.first; strip < t.last; strip += kRowsPerThread * blockDim.x) {
+  for (int64_t strip = t.first; strip < t.last; strip += strip_rows()) {
     uint32_t s[kRowsPerThread];
-    load_four_scores(w.scores, first_row_of_thread(strip), t.last, s);
+    load_four_scores(scores, first_row_of_thread(strip), t.last, s);
     for (int i = 0; i < kRowsPerThread; ++i) {
       above += s[i] > c.threshold ? 1u : 0u;
       tied += s[i] != 0 && s[i] == c.threshold ? 1u : 0u;
     }
   }
-  above = block_sum(above);
-  tied = block_sum(tied);
-  if (threadIdx.x == 0) {
-    w.block_counts[2 * blockIdx.x] = above;
-    w.block_counts[2 * blockIdx.x + 1] = tied;
-  }
+  return {cuda_select::block_sum(above), cuda_select::block_sum(tied)};
 }
 
-// Each block's slots: prefix sums over the blocks of kept rows (above + the tied ones the tie
-// rule keeps) and of tied rows. Run by one block.
-__device__ void slots_from_counts(const Workspace& w, Cutoff c) {
-  const volatile uint32_t* counts = w.block_counts;
+// Counts of every block before `block` (logical order), by thread 0: publishes the block's own
+// counts, walks back over the earlier blocks' words (waiting on those not yet published: each
+// took an earlier ticket, so it has started and will publish) until one is inclusive, then
+// publishes its inclusive counts.
+__device__ Slots look_back(unsigned long long* words, int64_t block, Slots mine) {
+  if (block == 0) {
+    atomicExch(&words[0], pack_counts(mine, kInclusive));
+    return {0, 0};
+  }
+  atomicExch(&words[block], pack_counts(mine, kAggregate));
   Slots before{0, 0};
-  for (int64_t base = 0; base < gridDim.x; base += blockDim.x) {
-    const int64_t b = base + threadIdx.x;
-    const uint32_t above = b < gridDim.x ? counts[2 * b] : 0u;
-    const uint32_t tied = b < gridDim.x ? counts[2 * b + 1] : 0u;
-    uint32_t tied_here;
-    const uint32_t tied_before = before.tied + block_exclusive_scan(tied, tied_here);
-    const uint32_t room = c.rank > tied_before ? c.rank - tied_before : 0u;
-    const uint32_t kept = above + (tied < room ? tied : room);
-    uint32_t kept_here;
-    const uint32_t kept_before = before.kept + block_exclusive_scan(kept, kept_here);
-    if (b < gridDim.x) {
-      w.block_slots[2 * b] = kept_before;
-      w.block_slots[2 * b + 1] = tied_before;
+  for (int64_t j = block - 1; j >= 0; --j) {
+    unsigned long long word;
+    while ((word = atomicAdd(&words[j], 0ull)) == 0) {
     }
-    before.kept += kept_here;
-    before.tied += tied_here;
+    const Slots counts = unpack_counts(word);
+    before.kept += counts.kept;
+    before.tied += counts.tied;
+    if (word & kInclusive) break;
   }
+  atomicExch(&words[block], pack_counts(Slots{before.kept + mine.kept, before.tied + mine.tied},
+                                        kInclusive));
+  return before;
 }
 
-__global__ void __launch_bounds__(kThreads) count_kernel(const TopkArgs a, Workspace w,
-                                                         int64_t tile_rows) {
+// (C) Each block, in the order its ticket gives, counts its tile's rows above and tied with T,
+// takes the counts of the blocks before it (look_back) and writes its rows' mask and slots.
+__global__ void __launch_bounds__(cuda_select::kLargeThreads) write_kernel(
+    const TopkArgs a, Workspace w, int64_t tile_rows) {
+  __shared__ int64_t logical_block;
+  __shared__ Slots before;
+  if (threadIdx.x == 0) logical_block = atomicAdd(&w.tickets[kTicketWrite], 1u);
+  __syncthreads();
   const Cutoff c = *w.cutoff;
-  count_block_rows(w, block_tile(a, tile_rows), c);
-  if (is_last_block(&w.tickets[kPasses])) slots_from_counts(w, c);
-}
-
-__global__ void __launch_bounds__(kThreads) write_kernel(const TopkArgs a, Workspace w,
-                                                         int64_t tile_rows) {
-  const Cutoff c = *w.cutoff;
-  const Slots before{w.block_slots[2 * blockIdx.x], w.block_slots[2 * blockIdx.x + 1]};
-  const Tile t = block_tile(a, tile_rows);
+  const Tile t = tile_of(a, logical_block, tile_rows);
+  const Slots mine = count_tile(w.scores, t, c);  // .kept holds the rows above T here
+  if (threadIdx.x == 0) {
+    const Slots earlier = look_back(w.lookback, logical_block, mine);
+    // Kept before the tile: every row above T, and the first `need` rows tied with it.
+    before = {earlier.kept + (earlier.tied < c.rank ? earlier.tied : c.rank), earlier.tied};
+  }
+  __syncthreads();
   write_rows(a, w.scores, t.first, t.last, c, before);
   write_count_and_padding(a, c.kept);
+}
+
+// ----------------------------------------------------------------------------- launch
+
+// Dynamic shared memory above the 48 KiB default needs the kernel's opt-in, once per device.
+template <typename Kernel>
+cudaError_t allow_shared_bytes(Kernel kernel, int bytes, int* allowed) {
+  int device = 0;
+  cudaError_t error = cudaGetDevice(&device);
+  if (error != cudaSuccess || device < 0 || device >= 64) return error;
+  if (allowed[device] >= bytes) return cudaSuccess;
+  error = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (error == cudaSuccess) allowed[device] = bytes;
+  return error;
+}
+
+constexpr int kPackedBytes = kBins / 2 * 4;  // 128 KiB
+
+int launch_small(const TopkArgs& a, const float* draws, const Extent* extent,
+                 cudaStream_t stream) {
+  static int allowed[64] = {};
+  const int bytes = static_cast<int>(a.B * sizeof(uint32_t));
+  if (bytes > 48 * 1024) {
+    const cudaError_t error = allow_shared_bytes(small_topk_kernel, bytes, allowed);
+    if (error != cudaSuccess) return error;
+  }
+  LZE_LAUNCH(small_topk_kernel, dim3(1), dim3(cuda_select::kSmallThreads), bytes, stream)(
+      a, draws, extent);
+  return static_cast<int>(cudaGetLastError());
+}
+
+int launch_large(const TopkArgs& a, const Workspace& w, bool prepared, cudaStream_t stream) {
+  static int allowed[2][64] = {};
+  const cuda_select::LargePlan p = cuda_select::large_plan(a.B);
+  const dim3 grid(static_cast<unsigned>(p.blocks)), block(cuda_select::kLargeThreads);
+  for (cudaError_t error : {allow_shared_bytes(score_kernel, kPackedBytes, allowed[0]),
+                            allow_shared_bytes(refine_kernel, kPackedBytes, allowed[1])}) {
+    if (error != cudaSuccess) return error;
+  }
+  if (!prepared) {
+    LZE_LAUNCH(prepare_kernel, grid, block, 0, stream)(a, w, cuda_select::header_words(a.B),
+                                                        p.tile_rows);
+  }
+  LZE_LAUNCH(score_kernel, grid, block, kPackedBytes, stream)(a, w, p.tile_rows,
+                                                               prepared ? 0 : p.blocks);
+  LZE_LAUNCH(refine_kernel, grid, block, kPackedBytes, stream)(a, w, p.tile_rows);
+  LZE_LAUNCH(write_kernel, grid, block, 0, stream)(a, w, p.tile_rows);
+  // A launch error is sticky until read: one check covers the launches.
+  return static_cast<int>(cudaGetLastError());
+}
+
+int launch_topk(const TopkArgs& a, void* workspace, int64_t extent_blocks, bool prepared,
+                cudaStream_t stream) {
+  if (cuda_select::one_block(a.B) && !prepared) return launch_small(a, nullptr, nullptr, stream);
+  const Workspace w = cuda_select::carve(workspace, a.B, extent_blocks);
+  const bool noise = a.noise_scale > 0.0f;
+  if (cuda_select::one_block(a.B)) {
+    return launch_small(a, noise ? w.draws : nullptr, noise ? w.extent : nullptr, stream);
+  }
+  return launch_large(a, w, prepared, stream);
 }
 
 }  // namespace lze::cuda_topk
 
 extern "C" int64_t lze_topk_cuda_workspace_bytes(int64_t B) {
-  using namespace lze::cuda_topk;
-  if (B <= kSmallMaxRows) return 0;
-  if (B <= kOneBlockMaxRows) return align16(B * static_cast<int64_t>(sizeof(uint32_t)));
-  return workspace_layout(B, plan_for(B).blocks).total;
+  using namespace lze::cuda_select;
+  if (one_block(B)) return 0;
+  return workspace_layout(B, large_plan(B).blocks).total;
 }
 
 extern "C" int lze_topk_cuda(const float* energy, int64_t B, int64_t k, float noise_scale,
@@ -620,27 +562,9 @@ extern "C" int lze_topk_cuda(const float* energy, int64_t B, int64_t k, float no
   if (B == 0) return cudaSuccess;
   // Counts are uint32 and rows 32-bit Philox counters.
   if (B < 0 || B > 0x7fffffff || k < 1 || k > B) return cudaErrorInvalidValue;
+  if (!lze::cuda_select::one_block(B) && workspace == nullptr) return cudaErrorInvalidValue;
   const TopkArgs a{energy, B, k, noise_scale, seed, step_counter, keep_mask, kept_indices,
                    num_kept};
-  const auto stream = static_cast<cudaStream_t>(stream_ptr);
-  if (B > kSmallMaxRows && workspace == nullptr) return cudaErrorInvalidValue;
-  if (B <= kOneBlockMaxRows) {
-    const bool in_shared = B <= kSmallMaxRows;
-    LZE_LAUNCH(small_topk_kernel, dim3(1), dim3(kSmallThreads),
-               in_shared ? B * sizeof(uint32_t) : 0, stream)(
-        a, in_shared ? nullptr : static_cast<uint32_t*>(workspace));
-    return static_cast<int>(cudaGetLastError());
-  }
-  const Plan p = plan_for(B);
-  const Workspace w = carve(workspace, B, p.blocks);
-  const dim3 grid(static_cast<unsigned>(p.blocks)), block(kThreads);
-  LZE_LAUNCH(prepare_kernel, grid, block, 0, stream)(a, w, p.tile_rows);
-  LZE_LAUNCH(score_kernel, grid, block, 0, stream)(a, w, p.tile_rows);
-  for (int pass = 1; pass < kPasses; ++pass) {
-    LZE_LAUNCH(refine_kernel, grid, block, 0, stream)(a, w, p.tile_rows, pass);
-  }
-  LZE_LAUNCH(count_kernel, grid, block, 0, stream)(a, w, p.tile_rows);
-  LZE_LAUNCH(write_kernel, grid, block, 0, stream)(a, w, p.tile_rows);
-  // A launch error is sticky until read: one check covers the six launches.
-  return static_cast<int>(cudaGetLastError());
+  return launch_topk(a, workspace, lze::cuda_select::large_plan(B).blocks, false,
+                     static_cast<cudaStream_t>(stream_ptr));
 }

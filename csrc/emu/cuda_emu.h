@@ -8,9 +8,10 @@
 //    time; the CUDA threads of that block are fibers on the worker's stack pool, switched by a
 //    small hand-written x86-64 context switch only where a thread must wait for others:
 //    __syncthreads and the _sync warp intrinsics. A fiber never moves to another worker.
-//  * OS threads (-DLZE_EMU_OS_THREADS). Every CUDA thread is a std::thread and blocks run one
-//    after another. Slow, but ThreadSanitizer sees every CUDA thread, so it reports races between
-//    threads of a block (e.g. warp-synchronous shared-memory code without __syncwarp).
+//  * OS threads (-DLZE_EMU_OS_THREADS). Every CUDA thread of a block runs on an OS thread of its
+//    own (from a team kept for the process, ThreadTeam) and blocks run one after another. Slow,
+//    but ThreadSanitizer sees every CUDA thread, so it reports races between threads of a block
+//    (e.g. warp-synchronous shared-memory code without __syncwarp).
 //
 // Static __shared__ variables must exist once per running block:
 //  * fibers: `__shared__` expands to `static thread_local`. All CUDA threads of a block run on
@@ -52,6 +53,7 @@
 #include <mutex>
 #include <thread>
 #include <type_traits>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -102,6 +104,7 @@ enum cudaError_t : int {
   cudaErrorInvalidConfiguration = 9,
 };
 using cudaStream_t = struct CUstream_st*;
+enum cudaFuncAttribute : int { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 
 namespace emu {
 
@@ -396,20 +399,73 @@ inline std::vector<std::max_align_t> shared_buffer(size_t bytes) {
 
 #ifdef LZE_EMU_OS_THREADS
 
+// OS threads that run the CUDA threads of one block at a time, kept for the process: starting
+// a thread under ThreadSanitizer costs milliseconds, and a launch may run thousands of CUDA
+// threads. run(n, fn) runs fn(0..n-1) on n of them concurrently and returns when all have
+// returned; the hand-over through the mutex orders each block after the one before, as joining
+// fresh threads did.
+class ThreadTeam {
+ public:
+  ~ThreadTeam() {
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    start_.notify_all();
+    for (std::thread& thread : threads_) thread.join();
+  }
+
+  void run(size_t n, const std::function<void(size_t)>& fn) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (threads_.size() < n) {
+      const size_t index = threads_.size();
+      threads_.emplace_back([this, index] { serve(index); });
+    }
+    job_ = &fn;
+    active_ = n;
+    remaining_ = n;
+    ++generation_;
+    start_.notify_all();
+    done_.wait(lock, [this] { return remaining_ == 0; });
+    job_ = nullptr;
+  }
+
+ private:
+  void serve(size_t index) {
+    uint64_t seen = 0;
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      start_.wait(lock, [&] { return stopping_ || (generation_ != seen && index < active_); });
+      if (stopping_) return;
+      seen = generation_;
+      const std::function<void(size_t)>* job = job_;
+      lock.unlock();
+      (*job)(index);
+      lock.lock();
+      if (--remaining_ == 0) done_.notify_one();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable start_, done_;
+  std::vector<std::thread> threads_;
+  const std::function<void(size_t)>* job_ = nullptr;
+  uint64_t generation_ = 0;
+  size_t active_ = 0, remaining_ = 0;
+  bool stopping_ = false;
+};
+
 inline void run_grid(const GridLaunch& launch) {
+  static ThreadTeam team;  // launches are serialized (launch()), so one team serves them all
   std::vector<std::max_align_t> shared = shared_buffer(launch.shared_bytes);
   for (uint64_t i = 0; i < launch.num_blocks(); ++i) {
     Block b(launch.block_index(i), launch.block, launch.grid, launch.body, shared.data());
-    std::vector<std::thread> threads;
-    threads.reserve(b.threads.size());
-    for (Thread& t : b.threads) {
-      threads.emplace_back([&t] {
-        tls_thread = &t;
-        (*t.block->body)();
-        exit_thread(t);
-      });
-    }
-    for (std::thread& thread : threads) thread.join();
+    team.run(b.threads.size(), [&b](size_t index) {
+      Thread& t = b.threads[index];
+      tls_thread = &t;
+      (*t.block->body)();
+      exit_thread(t);
+    });
   }
 }
 
@@ -518,7 +574,15 @@ inline cudaError_t check_config(const dim3& grid, const dim3& block) {
   return cudaSuccess;
 }
 
+// Kernel launches since the last take_launches() (the launch-count tests).
+inline std::atomic<uint64_t>& launches() {
+  static std::atomic<uint64_t> count{0};
+  return count;
+}
+inline uint64_t take_launches() { return launches().exchange(0); }
+
 inline void launch(dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>& body) {
+  launches().fetch_add(1, std::memory_order_relaxed);
   const cudaError_t error = check_config(grid, block);
   if (error != cudaSuccess) {
     last_error() = error;
@@ -566,9 +630,48 @@ inline std::atomic<uint64_t>& row_reads() {
 }
 inline void count_row_reads(uint64_t n) { row_reads().fetch_add(n, std::memory_order_relaxed); }
 inline uint64_t take_row_reads() { return row_reads().exchange(0); }
+
+// Accesses to the per-prompt state (LZE_NOTE_STATE_ACCESS) and the distinct 32-byte sectors
+// they touched, since the last take_state_sectors(): the tests check one sector a row.
+struct StateSectors {
+  std::mutex mutex;
+  uint64_t accesses = 0;
+  std::unordered_set<uintptr_t> sectors;
+};
+inline StateSectors& state_sectors() {
+  static StateSectors s;
+  return s;
+}
+inline void note_state_access(const void* address, size_t bytes) {
+  StateSectors& s = state_sectors();
+  const std::lock_guard<std::mutex> lock(s.mutex);
+  const uintptr_t first = reinterpret_cast<uintptr_t>(address);
+  s.accesses += 1;
+  for (uintptr_t sector = first / 32; sector <= (first + bytes - 1) / 32; ++sector) {
+    s.sectors.insert(sector);
+  }
+}
+// (accesses, distinct sectors), then reset.
+inline std::pair<uint64_t, uint64_t> take_state_sectors() {
+  StateSectors& s = state_sectors();
+  const std::lock_guard<std::mutex> lock(s.mutex);
+  const std::pair<uint64_t, uint64_t> out{s.accesses, s.sectors.size()};
+  s.accesses = 0;
+  s.sectors.clear();
+  return out;
+}
 }  // namespace emu
 
 inline cudaError_t cudaGetLastError() { return std::exchange(emu::last_error(), cudaSuccess); }
+inline cudaError_t cudaGetDevice(int* device) {
+  *device = 0;
+  return cudaSuccess;
+}
+// Shared memory is a host buffer here: any size is allowed.
+template <typename Kernel>
+cudaError_t cudaFuncSetAttribute(Kernel, cudaFuncAttribute, int) {
+  return cudaSuccess;
+}
 inline cudaError_t cudaPeekAtLastError() { return emu::last_error(); }
 
 inline void __syncthreads() { emu::sync_threads(); }
@@ -577,6 +680,7 @@ inline void __syncwarp(unsigned mask = 0xffffffffu) {
 }
 inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 inline void __threadfence_block() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline void __threadfence_system() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 
 inline unsigned __ballot_sync(unsigned mask, int predicate) {
   return static_cast<unsigned>(
@@ -619,6 +723,10 @@ T atomicMax(T* address, std::type_identity_t<T> value) {
   while (old < value && !target.compare_exchange_weak(old, value)) {
   }
   return old;
+}
+template <typename T>
+T atomicExch(T* address, std::type_identity_t<T> value) {
+  return std::atomic_ref<T>(*address).exchange(value);
 }
 template <typename T>
 T atomicCAS(T* address, std::type_identity_t<T> compare, std::type_identity_t<T> value) {

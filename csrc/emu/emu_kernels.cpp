@@ -6,8 +6,17 @@
 #error "emu_kernels.cpp: build with -DLZE_CUDA_EMULATION"
 #endif
 
+#include "../cuda/lze_select.cu"
 #include "../cuda/lze_step.cu"
 #include "../cuda/lze_topk.cu"
 
-// The emulator's count of per-row reads (LZE_COUNT_ROW_READS), for the work-count tests.
+// The emulator's counts, for the work-count tests: reads of per-row input
+// (LZE_COUNT_ROW_READS), kernel launches, and state accesses with their distinct 32-byte sectors
+// (LZE_NOTE_STATE_ACCESS); each call returns the count since the last one.
 extern "C" uint64_t lze_emu_take_row_reads() { return emu::take_row_reads(); }
+extern "C" uint64_t lze_emu_take_launches() { return emu::take_launches(); }
+extern "C" void lze_emu_take_state_sectors(uint64_t* accesses, uint64_t* sectors) {
+  const auto counts = emu::take_state_sectors();
+  *accesses = counts.first;
+  *sectors = counts.second;
+}

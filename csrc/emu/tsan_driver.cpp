@@ -1,6 +1,7 @@
-// Standalone driver of the emulated CUDA kernels: runs lze_step_cuda and lze_topk_cuda on small
-// inputs (single- and multi-block grids, sub-warp and whole-warp rows, ragged groups, two steps
-// over the same prompts) and checks them against a serial recomputation with lze_math.h; and
+// Standalone driver of the emulated CUDA kernels: runs lze_step_cuda, lze_topk_cuda and
+// lze_select_step_cuda on small inputs (single- and multi-block grids, sub-warp and whole-warp
+// rows, ragged groups, two steps over the same prompts, both top-k plans, the undo copy and the
+// fault mirror) and checks them against a serial recomputation with lze_math.h; and
 // checks the emulator's intrinsics (PTX shuffle rules, votes, partial warps, barriers with
 // exited threads, dynamic shared memory, atomics, launch errors) with a kernel of its own.
 // Built with emu_kernels.cpp in OS-thread mode under ThreadSanitizer by tools/emu_tsan.sh, and
@@ -10,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <vector>
 
 #include "../cuda/cuda_compat.h"
@@ -49,12 +51,22 @@ StepCase make_step_case(int64_t B, int64_t G, uint32_t salt) {
 }
 
 struct State {
-  std::vector<float> f;
-  std::vector<int32_t> s;
+  std::vector<int32_t> records;  // [N + 1, 8]
   int64_t step_counter[2] = {0, 0};
   int32_t fault = 0;
-  explicit State(int64_t N) : f(4 * (N + 1), 0.0f), s(4 * (N + 1), 0) {
-    for (int64_t i = 0; i <= N; ++i) f[4 * i + lze::kDInit] = -1.0f;
+  explicit State(int64_t N) : records(lze::kRecordWords * (N + 1), 0) {
+    for (int64_t i = 0; i <= N; ++i) set_float(i, lze::kDInit, -1.0f);
+  }
+  float get_float(int64_t id, int field) const {
+    float v;
+    std::memcpy(&v, &records[lze::kRecordWords * id + field], 4);
+    return v;
+  }
+  void set_float(int64_t id, int field, float v) {
+    std::memcpy(&records[lze::kRecordWords * id + field], &v, 4);
+  }
+  int32_t& integer(int64_t id, int field) {
+    return records[lze::kRecordWords * id + lze::kIntFieldsAt + field];
   }
 };
 
@@ -78,18 +90,23 @@ void expected_step(const StepCase& c, State& st, std::vector<float>& adv, std::v
       const int64_t at = row * c.G + j;
       adv[at] = c.valid[at] ? lze::grpo_advantage(c.rewards[at], mean, sd, count, kParams) : 0.0f;
     }
-    float* f = &st.f[4 * c.ids[row]];
-    int32_t* s = &st.s[4 * c.ids[row]];
-    const bool first = s[lze::kSeen] == 0;
-    const float d_init = first ? lze::anchor_difficulty(mean, kParams) : f[lze::kDInit];
-    m[row] = first ? 0.0f : lze::momentum(mean, f[lze::kEma]);
+    const int64_t id = c.ids[row];
+    const bool first = st.integer(id, lze::kSeen) == 0;
+    const float d_init = first ? lze::anchor_difficulty(mean, kParams) : st.get_float(id, lze::kDInit);
+    m[row] = first ? 0.0f : lze::momentum(mean, st.get_float(id, lze::kEma));
     e[row] = lze::energy(d_init, lze::uncertainty(mean), m[row], kParams);
     p[row] = mean;
-    const float ema = first ? mean : lze::ema_update(f[lze::kEma], mean, kParams);
-    const int32_t streak = mean >= lze::kSolvedThreshold ? s[lze::kSolvedStreak] + 1 : 0;
-    f[0] = d_init, f[1] = ema, f[2] = mean, f[3] = e[row];
-    s[0] += 1, s[1] = streak, s[2] = streak >= kParams.prune_after ? lze::kFlagPruned : 0;
-    s[3] = stamp;
+    const float ema = first ? mean : lze::ema_update(st.get_float(id, lze::kEma), mean, kParams);
+    const int32_t streak =
+        mean >= lze::kSolvedThreshold ? st.integer(id, lze::kSolvedStreak) + 1 : 0;
+    st.set_float(id, lze::kDInit, d_init);
+    st.set_float(id, lze::kEma, ema);
+    st.set_float(id, lze::kLastPassRate, mean);
+    st.set_float(id, lze::kLastEnergy, e[row]);
+    st.integer(id, lze::kSeen) += 1;
+    st.integer(id, lze::kSolvedStreak) = streak;
+    st.integer(id, lze::kFlags) = streak >= kParams.prune_after ? lze::kFlagPruned : 0;
+    st.integer(id, lze::kClaim) = stamp;
   }
   st.step_counter[0] += 1;
 }
@@ -100,8 +117,8 @@ void run_step_case(int64_t B, int64_t G, uint32_t salt) {
   std::vector<float> adv(B * G), p(B), e(B), m(B), adv_w(B * G), p_w(B), e_w(B), m_w(B);
   for (int step = 0; step < 2; ++step) {
     const int rc = lze_step_cuda(c.rewards.data(), lze::kF32, c.valid.data(), c.ids.data(), B, G,
-                                 c.N, got.f.data(), got.s.data(), got.step_counter, adv.data(),
-                                 p.data(), e.data(), m.data(), &got.fault, kParams, nullptr);
+                                 c.N, got.records.data(), got.step_counter, adv.data(), p.data(),
+                                 e.data(), m.data(), &got.fault, kParams, nullptr);
     check(rc == 0, "step launch", step);
     expected_step(c, want, adv_w, p_w, e_w, m_w);
     for (int64_t i = 0; i < B; ++i) {
@@ -110,10 +127,39 @@ void run_step_case(int64_t B, int64_t G, uint32_t salt) {
     for (int64_t i = 0; i < B * G; ++i) {
       check(std::fabs(adv[i] - adv_w[i]) <= 1e-6f * (1.0f + std::fabs(adv_w[i])), "advantage", i);
     }
-    check(got.f == want.f && got.s == want.s, "state tables", step);
+    check(got.records == want.records, "state records", step);
     check(got.step_counter[0] == want.step_counter[0] && got.step_counter[1] == 0, "counter", step);
     check(got.fault == 0, "fault word", step);
   }
+}
+
+// Checks a selection against a serial one: keep the k best candidates (E > 0) by noisy score
+// keyed by (seed, step), ties to the smaller row; kept_indices in row order, -1 padded.
+void check_selection(const std::vector<float>& energy, int64_t k, float noise_scale,
+                     uint32_t seed, uint32_t step, const std::vector<uint8_t>& keep,
+                     const std::vector<int64_t>& kept, int64_t num_kept) {
+  const int64_t B = static_cast<int64_t>(energy.size());
+  float high = -INFINITY, low = INFINITY;
+  std::vector<int64_t> order;
+  for (int64_t i = 0; i < B; ++i) {
+    if (energy[i] > 0.0f) high = std::max(high, energy[i]), low = std::min(low, energy[i]);
+    if (energy[i] > 0.0f) order.push_back(i);
+  }
+  const float scale = noise_scale > 0.0f ? lze::gumbel_scale(noise_scale, high, low) : 0.0f;
+  auto key = [&](int64_t i) {
+    return lze::selection_key(lze::noisy_score(energy[i], scale, seed, step, uint32_t(i)), i);
+  };
+  std::sort(order.begin(), order.end(), [&](int64_t x, int64_t y) { return key(x) > key(y); });
+  const int64_t want_kept = std::min<int64_t>(k, static_cast<int64_t>(order.size()));
+  check(num_kept == want_kept, "num_kept", B);
+  std::vector<uint8_t> want_keep(B, 0);
+  for (int64_t r = 0; r < want_kept; ++r) want_keep[order[r]] = 1;
+  check(keep == want_keep, "keep_mask", B);
+  int64_t slot = 0;  // kept_indices: the kept rows in row order, then -1
+  for (int64_t i = 0; i < B; ++i) {
+    if (want_keep[i]) check(kept[slot++] == i, "kept", i);
+  }
+  for (; slot < k; ++slot) check(kept[slot] == -1, "padding", slot);
 }
 
 void run_topk_case(int64_t B, float noise_scale) {
@@ -130,28 +176,53 @@ void run_topk_case(int64_t B, float noise_scale) {
   const int rc = lze_topk_cuda(energy.data(), B, k, noise_scale, 42u, step_counter, keep.data(),
                                kept.data(), &num_kept, workspace.data(), nullptr);
   check(rc == 0, "topk launch", B);
+  check_selection(energy, k, noise_scale, 42u, 3u, keep, kept, num_kept);
+}
 
-  float high = -INFINITY, low = INFINITY;
-  std::vector<int64_t> order;
-  for (int64_t i = 0; i < B; ++i) {
-    if (energy[i] > 0.0f) high = std::max(high, energy[i]), low = std::min(low, energy[i]);
-    if (energy[i] > 0.0f) order.push_back(i);
+// Two selection steps in one call each (lze_select_step_cuda): the step, the Gumbel draws and
+// the extent in the step kernel, the top-k plan of B, the undo copy and the fault mirror (a
+// bad id in the second step).
+void run_select_case(int64_t B, int64_t G, float noise_scale, uint32_t salt) {
+  StepCase c = make_step_case(B, G, salt);
+  State got(c.N), want(c.N);
+  const int64_t k = std::max<int64_t>(1, B * 2 / 5);
+  std::vector<float> adv(B * G), p(B), e(B), m(B), adv_w(B * G), p_w(B), e_w(B), m_w(B);
+  std::vector<uint8_t> keep(B);
+  std::vector<int64_t> kept(k);
+  std::vector<int32_t> undo(B * lze::kRecordWords);
+  std::vector<unsigned char> workspace(lze_select_step_cuda_workspace_bytes(B, G));
+  int64_t num_kept = -1;
+  int32_t mirror = -1;
+  for (int step = 0; step < 2; ++step) {
+    const std::vector<int32_t> before = got.records;
+    if (step == 1) c.ids[B / 2] = c.N + 5;  // out of range: skipped, fault bit 1
+    lze::SelectStep s{};
+    s.rewards = c.rewards.data(), s.valid = c.valid.data(), s.prompt_ids = c.ids.data();
+    s.rewards_dtype = lze::kF32, s.B = B, s.G = G, s.N = c.N, s.k = k;
+    s.records = got.records.data(), s.step_counter = got.step_counter, s.fault = &got.fault;
+    s.fault_mirror = &mirror, s.undo = undo.data();
+    s.advantages = adv.data(), s.pass_rate = p.data(), s.energy = e.data();
+    s.momentum = m.data(), s.keep_mask = keep.data(), s.kept_indices = kept.data();
+    s.num_kept = &num_kept, s.workspace = workspace.data();
+    s.params = kParams, s.noise_scale = noise_scale, s.seed = 11u;
+    check(lze_select_step_cuda(&s, nullptr) == 0, "select step launch", B);
+    for (int64_t row = 0; row < B; ++row) {
+      const int64_t id = std::min(std::max<int64_t>(c.ids[row], 0), c.N);
+      check(std::equal(undo.begin() + row * lze::kRecordWords,
+                       undo.begin() + (row + 1) * lze::kRecordWords,
+                       before.begin() + id * lze::kRecordWords), "undo records", row);
+    }
+    if (step == 0) {
+      expected_step(c, want, adv_w, p_w, e_w, m_w);
+      check(got.records == want.records, "select step records", B);
+      check(e == e_w && p == p_w && m == m_w, "select step rows", B);
+    }
+    check(mirror == got.fault && got.fault == (step == 0 ? 0 : lze::kFaultIdOutOfRange),
+          "fault mirror", step);
+    check(got.step_counter[0] == step + 1 && got.step_counter[1] == 0, "select counter", step);
+    check_selection(e, k, noise_scale, 11u, static_cast<uint32_t>(step + 1), keep, kept,
+                    num_kept);
   }
-  const float scale = noise_scale > 0.0f ? lze::gumbel_scale(noise_scale, high, low) : 0.0f;
-  auto key = [&](int64_t i) {
-    return lze::selection_key(lze::noisy_score(energy[i], scale, 42u, 3u, uint32_t(i)), i);
-  };
-  std::sort(order.begin(), order.end(), [&](int64_t x, int64_t y) { return key(x) > key(y); });
-  const int64_t want_kept = std::min<int64_t>(k, static_cast<int64_t>(order.size()));
-  check(num_kept == want_kept, "num_kept", B);
-  std::vector<uint8_t> want_keep(B, 0);
-  for (int64_t r = 0; r < want_kept; ++r) want_keep[order[r]] = 1;
-  check(keep == want_keep, "keep_mask", B);
-  int64_t slot = 0;  // kept_indices: the kept rows in row order, then -1
-  for (int64_t i = 0; i < B; ++i) {
-    if (want_keep[i]) check(kept[slot++] == i, "kept", i);
-  }
-  for (; slot < k; ++slot) check(kept[slot] == -1, "padding", slot);
 }
 
 // Emulator self-check: 48 threads per block, one full warp and one half warp.
@@ -235,10 +306,14 @@ int main() {
   run_step_case(600, 8, 1);  // tiles of 256 rows (G <= 32): 3 blocks, the last partial
   run_step_case(12, 40, 2);  // one warp per row, 8 rows per block: 2 blocks
   run_step_case(6, 3, 3);    // one tile, partial warp of rows
-  run_topk_case(50, 0.0f);     // the one-block plan
+  // Under tools/emu_tsan.sh (LZE_EMU_SMALL_PLANS) the one-block plan takes up to 2,048 rows and
+  // the three-launch plan tiles of 1,024 (csrc/cuda/selection_plan.h); otherwise 16,384 each.
+  run_topk_case(50, 0.0f);      // one block
   run_topk_case(300, 0.05f);
-  run_topk_case(9000, 0.05f);   // one block, the scores in the workspace
-  run_topk_case(65600, 0.05f);  // the multi-launch plan: 65 blocks, the last partial
+  run_topk_case(2100, 0.05f);   // small plans: prepare + three launches, the last tile 52 rows
+  run_select_case(600, 8, 0.05f, 4);   // one block, the draws and extent from the step kernel
+  run_select_case(2500, 4, 0.05f, 5);  // small plans: three launches over three tiles
+  run_select_case(40, 40, 0.05f, 6);   // the warp-per-row step kernel's extents and draws
   if (failures != 0) {
     std::printf("%d checks failed\n", failures);
     return 1;

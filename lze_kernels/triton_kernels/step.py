@@ -18,15 +18,20 @@ gathers/scatters one 16-byte state row per table and row: O(B G) work in one pas
   per tensor operation, not per element.
 
 Every row's state update is independent of the others except for duplicate ids, which are
-resolved by an atomic claim: each claimable row does ``atomic_max(istate[id, CLAIM], stamp)``
+resolved by an atomic claim: each claimable row does ``atomic_max(records[id, 4 + CLAIM], stamp)``
 with ``stamp = step + 1``; the first claimant of an id sees an older stamp and owns the row, any
 later one sees ``stamp`` and is faulted as a duplicate. In the (sequential) interpreter the first
 claimant is the smallest batch position, exactly as in the reference; on a GPU it is whichever
 program gets there first (still exactly one owner per id).
 
+A prompt's state is one 32-byte record (``layout.py``), read as its float half and its int half
+(two 16-byte loads of one sector) through two typed pointers into the same table.
+
 The step counter advances without a grid-wide barrier: every program reads ``step_counter[0]``
 up front, then takes a ticket from ``step_counter[1]``; the program drawing the last ticket knows
-all others have read the counter and writes ``step + 1`` and resets the ticket counter to 0.
+all others have read the counter and writes ``step + 1``, resets the ticket counter to 0 and,
+given a fault mirror (a selection step's host-mapped word, ``faults.FaultWord``), copies the
+fault word into it: the host reads the faults without a copy launch or an event.
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ _FAULT_OUTSIDE = tl.constexpr(L.FAULT_REWARD_OUT_OF_RANGE)
 _FLAG_PRUNED = tl.constexpr(L.FLAG_PRUNED)
 _SOLVED_THRESHOLD = tl.constexpr(L.SOLVED_THRESHOLD)
 _NUM_FIELDS = tl.constexpr(L.NUM_FIELDS)
+_RECORD_WORDS = tl.constexpr(L.RECORD_WORDS)
 _CLAIM = tl.constexpr(L.CLAIM)
 
 
@@ -106,7 +112,7 @@ def _energy_update(p, first, d_init_before, ema_before, streak_before,
 @triton.jit
 def _lze_step_kernel(
     rewards_ptr, valid_ptr, prompt_ids_ptr,
-    fstate_ptr, istate_ptr, step_counter_ptr, fault_ptr,
+    fstate_ptr, istate_ptr, step_counter_ptr, fault_ptr, fault_mirror_ptr,
     advantages_ptr, pass_rate_ptr, energy_ptr, momentum_ptr,
     num_rows, group_size, num_prompts,
     beta, one_minus_beta, d_min, alpha, eps, norm_by_std, prune_after,
@@ -133,7 +139,7 @@ def _lze_step_kernel(
     claimable = row_in_batch & (faults == 0) & (count > 0)
     # Masked lanes may carry bad ids: clamp every state index to row 0 so no address is wild.
     slot = tl.where(claimable, prompt_ids, 0)
-    previous = tl.atomic_max(istate_ptr + slot * _NUM_FIELDS + _CLAIM, stamp, mask=claimable)
+    previous = tl.atomic_max(istate_ptr + slot * _RECORD_WORDS + _CLAIM, stamp, mask=claimable)
     duplicate = claimable & (previous >= stamp)
     active = claimable & ~duplicate
     faults = faults | tl.where(duplicate, _FAULT_DUPLICATE, 0)
@@ -142,9 +148,9 @@ def _lze_step_kernel(
     tl.store(advantages_ptr + offsets, advantages, mask=in_tile)
 
     fields = tl.arange(0, _NUM_FIELDS)
-    state_offsets = slot[:, None] * _NUM_FIELDS + fields[None, :]
+    state_offsets = slot[:, None] * _RECORD_WORDS + fields[None, :]
     row_mask = active[:, None]
-    # One 16-byte row per table and prompt (layout.py); split into its four fields.
+    # A record's two 16-byte halves (layout.py), each split into its four fields.
     d_init_before, ema_before, _, _ = unpack4(
         tl.load(fstate_ptr + state_offsets, mask=row_mask, other=0.0))
     seen, streak_before, _, _ = unpack4(tl.load(istate_ptr + state_offsets, mask=row_mask, other=0))
@@ -162,26 +168,31 @@ def _lze_step_kernel(
     tl.store(pass_rate_ptr + rows, p, mask=row_in_batch)
     tl.store(energy_ptr + rows, energy, mask=row_in_batch)
     tl.store(momentum_ptr + rows, momentum, mask=row_in_batch)
-    _advance_step_counter(step_counter_ptr, step)
+    _finish_program(step_counter_ptr, step, fault_ptr, fault_mirror_ptr)
 
 
 @triton.jit
-def _advance_step_counter(step_counter_ptr, step):
-    """The last program to finish writes ``step + 1`` and resets the ticket counter."""
-    # Every thread of this program has read step_counter[0] before the ticket is taken (the
-    # barrier), and the acq_rel ticket orders those reads before the last program's write.
+def _finish_program(step_counter_ptr, step, fault_ptr, fault_mirror_ptr):
+    """The last program to finish writes ``step + 1``, resets the ticket counter and copies the
+    fault word to its mirror (the fault word itself when the caller has none: one variant)."""
+    # Every thread of this program has read step_counter[0] and ORed its faults before the
+    # ticket is taken (the barrier), and the acq_rel ticket orders those before the last
+    # program's reads and writes.
     tl.debug_barrier()
     ticket = tl.atomic_add(step_counter_ptr + 1, 1)
     is_last = ticket == tl.num_programs(0) - 1
     tl.store(step_counter_ptr, step + 1, mask=is_last)
     tl.store(step_counter_ptr + 1, 0, mask=is_last)
+    faults = tl.atomic_or(fault_ptr, 0, mask=is_last)
+    tl.store(fault_mirror_ptr, faults, mask=is_last)
 
 
 # Argument types as the JIT derives them at launch (Python ints below 2**31 are i32).
 _REWARD_POINTER_TYPES = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16"}
 _FIXED_ARG_TYPES = {
     "prompt_ids_ptr": "*i64", "fstate_ptr": "*fp32", "istate_ptr": "*i32",
-    "step_counter_ptr": "*i64", "fault_ptr": "*i32", "advantages_ptr": "*fp32",
+    "step_counter_ptr": "*i64", "fault_ptr": "*i32", "fault_mirror_ptr": "*i32",
+    "advantages_ptr": "*fp32",
     "pass_rate_ptr": "*fp32", "energy_ptr": "*fp32", "momentum_ptr": "*fp32",
     "num_rows": "i32", "group_size": "i32", "num_prompts": "i32",
     "beta": "fp32", "one_minus_beta": "fp32", "d_min": "fp32", "alpha": "fp32", "eps": "fp32",
@@ -204,8 +215,11 @@ def tile_shape(num_rows: int, group_size: int) -> tuple[int, int]:
     return min(block_rows, triton.next_power_of_2(max(num_rows, 1))), block_g
 
 
-def step(rewards, valid, prompt_ids, state: SelectorState, params: KernelParams) -> StepStats:
-    """One fused launch of :func:`lze_kernels.reference.lze_step` (same outputs, same state)."""
+def step(rewards, valid, prompt_ids, state: SelectorState, params: KernelParams,
+         fault_mirror=None) -> StepStats:
+    """One fused launch of :func:`lze_kernels.reference.lze_step` (same outputs, same state).
+    ``fault_mirror``: a ``[1]`` int32 host-visible tensor (pinned, mapped memory on a GPU) the
+    last program copies the fault word into, or None."""
     num_rows, group_size = rewards.shape
     if rewards.dtype not in _REWARD_POINTER_TYPES:
         raise ValueError(f"rewards: expected one of {list(_REWARD_POINTER_TYPES)}, "
@@ -222,10 +236,13 @@ def step(rewards, valid, prompt_ids, state: SelectorState, params: KernelParams)
         torch.empty(num_rows, dtype=torch.float32, device=device) for _ in range(3))
     block_rows, block_g = tile_shape(num_rows, group_size)
     grid = (max(1, triton.cdiv(num_rows, block_rows)),)
+    # Two typed views of the one record table: the float half at word 0, the int half at 4.
+    records = state.records
     _lze_step_kernel[grid](
         rewards, valid, prompt_ids.contiguous(),
-        state.fstate, state.istate, state.step_counter, state.fault,
-        advantages, pass_rate, energy, momentum,
+        records.view(torch.float32), records[:, L.NUM_FIELDS:], state.step_counter, state.fault,
+        state.fault if fault_mirror is None else fault_mirror, advantages, pass_rate, energy,
+        momentum,
         num_rows, group_size, state.num_prompts,
         params.beta, params.one_minus_beta, params.d_min, params.alpha, params.eps,
         int(params.norm_by_std), params.prune_after,

@@ -13,8 +13,6 @@ Launch plans (no host sync, CUDA-graph capturable):
 * ``B <= SMALL_MAX_ROWS`` (4,096): one program holds the whole batch in registers (a ``[BLOCK]``
   tile, ``BLOCK`` = 1,024 or 4,096) and runs every pass, with 8-bit digits (four passes, 256-bin
   histograms): one launch.
-* ``B <= TILED_MAX_ROWS`` (65,536): one program loops over tiles of ``TILED_TILE`` (2,048)
-  rows, the scores in a workspace: the same passes as below with no launch between them.
 * larger B: six launches over ``P = cdiv(B, rows_per_program)`` programs (``rows_per_program``
   = ``TILE`` = 4,096 rows, more when B > ``MAX_PROGRAMS * TILE``, looped in tiles of ``TILE``):
   prepare (zero the workspace header; per-program energy extents for the noise scale), score
@@ -25,6 +23,10 @@ Launch plans (no host sync, CUDA-graph capturable):
   narrows the cutoff or turns the counts into slots, reading the others' atomics past L1
   (``volatile``). Histograms are ``tl.histogram`` per tile added to the global one with one
   vector ``atomic_add`` per program.
+
+A one-program plan past 4,096 rows (looping over tiles in one program, as up to 65,536 before)
+runs its passes on one SM: an H100 measured 1.5 ms at 65,536 rows, against 0.28 ms for the six
+launches at 262,144 (gpu-runs 2026-11-27); its time grows with B where the grid's does not.
 
 Workspace: one int32 buffer (``_workspace_words``): histograms ``[3, 2048]``, 4 tickets, the
 cutoff (threshold, rank, kept), per-program extents, counts and slots (``2 P`` words each) and
@@ -52,12 +54,6 @@ SMALL_MAX_ROWS = 4096
 # keep it in registers (ptxas, sm_90: 80 / 95 registers, no spills; a tile of 8,192 spilled at
 # 16 and at 32 warps).
 SMALL_BLOCKS = {1024: 8, 4096: 16}
-# One program looping over tiles up to here: a GPU's Triton launch costs tens of microseconds of
-# host time (some 70 us each on an H200's host, Triton 3.6), so below this one program's passes
-# over L2-resident scores beat six launches (at B = 65,536: 0.56 ms for the six-launch plan, all
-# of it host time).
-TILED_MAX_ROWS = 65536
-TILED_TILE = 2048  # its tiles (4,096 rows spilled registers at 8 and at 16 warps)
 TILE = 4096
 # The interpreter pays per operation and per program, not per element: larger tiles, fewer
 # programs (B = 1M: 16 programs instead of 256).
@@ -221,7 +217,7 @@ def _write_count_and_padding(kept_indices_ptr, num_kept_ptr, kept, k, first, str
 
 # ----------------------------------------------------------------------------- row ranges
 # The passes over rows [first, last) in tiles of TILE: one program's share in the multi-launch
-# plan, the whole batch in the tiled one.
+# plan.
 
 
 @triton.jit
@@ -297,31 +293,6 @@ def _small_topk_kernel(
     threshold, rank, kept = _cutoff_of(s, rows < num_rows, k, SMALL_DIGIT_BITS)
     _write_tile(s, rows, num_rows, k, threshold, rank, 0, 0, keep_mask_ptr, kept_indices_ptr)
     _write_count_and_padding(kept_indices_ptr, num_kept_ptr, kept, k, 0, BLOCK, BLOCK)
-
-
-@triton.jit(do_not_specialize=_RUNTIME_INTS)
-def _tiled_topk_kernel(
-    energy_ptr, keep_mask_ptr, kept_indices_ptr, num_kept_ptr, step_counter_ptr, ws_ptr,
-    num_rows, k, noise_scale, seed,
-    TILE: tl.constexpr, HAS_NOISE: tl.constexpr,
-):
-    """The whole selection in one program over tiles of TILE rows, the scores in ``ws_ptr``:
-    the same passes as the multi-launch plan, with no launch between them."""
-    gumbel_scale = 0.0
-    seed64 = 0
-    if HAS_NOISE:
-        high, low = _range_extent(energy_ptr, 0, num_rows, TILE)
-        gumbel_scale, seed64 = _noise(high, low, noise_scale, step_counter_ptr, seed)
-    histogram = _score_range(energy_ptr, ws_ptr, 0, num_rows, gumbel_scale, seed64, HAS_NOISE,
-                             TILE)
-    threshold, rank, kept = _first_cutoff(histogram, k, DIGIT_BITS)
-    for pass_ in tl.static_range(1, 3):
-        histogram = _tied_range_histogram(ws_ptr, 0, num_rows, threshold, pass_, TILE)
-        threshold, rank = _narrowed_cutoff(histogram, threshold, rank, pass_, DIGIT_BITS)
-    none = tl.full((), 0, tl.int32)  # a tensor: the helper's loop carries it
-    _write_range(ws_ptr, 0, num_rows, k, threshold, rank, none, none, keep_mask_ptr,
-                 kept_indices_ptr, TILE)
-    _write_count_and_padding(kept_indices_ptr, num_kept_ptr, kept, k, 0, TILE, TILE)
 
 
 # ----------------------------------------------------------------------------- many programs
@@ -494,7 +465,7 @@ def as_int32_bits(seed: int) -> int:
 
 def topk(energy, k: int, noise_scale: float, seed: int, step_counter) -> Selection:
     """:func:`lze_kernels.reference.topk_select` with ``step = step_counter[0]``: one launch up
-    to TILED_MAX_ROWS rows, six above."""
+    to SMALL_MAX_ROWS rows, six above."""
     energy = energy.to(torch.float32).contiguous()
     num_rows = energy.shape[0]
     device = energy.device
@@ -508,11 +479,6 @@ def topk(energy, k: int, noise_scale: float, seed: int, step_counter) -> Selecti
         _small_topk_kernel[(1,)](energy, *outputs, step_counter, num_rows, k, **noise,
                                  BLOCK=block, num_warps=SMALL_BLOCKS[block],
                                  enable_fp_fusion=False)
-    elif num_rows <= TILED_MAX_ROWS:
-        scores = torch.empty(num_rows, dtype=torch.int32, device=device)
-        _tiled_topk_kernel[(1,)](energy, *outputs, step_counter, scores, num_rows, k, **noise,
-                                 TILE=INTERPRETER_TILE if interpreting() else TILED_TILE,
-                                 num_warps=NUM_WARPS, enable_fp_fusion=False)
     else:
         _launch_grid(energy, outputs, step_counter, num_rows, k, noise)
     return Selection(keep_mask, kept_indices, num_kept)
@@ -557,8 +523,6 @@ def aot_configs():
         for block, warps in SMALL_BLOCKS.items():
             yield _config(f"topk_small[{block},{tag}]", _small_topk_kernel,
                           {"BLOCK": block, "HAS_NOISE": has_noise}, warps)
-        yield _config(f"topk_tiled[{tag}]", _tiled_topk_kernel,
-                      {"TILE": TILED_TILE, "HAS_NOISE": has_noise}, NUM_WARPS)
         yield _config(f"topk_prepare[{tag}]", _prepare_kernel,
                       {"TILE": TILE, "HAS_NOISE": has_noise}, NUM_WARPS)
         yield _config(f"topk_score[{tag}]", _score_kernel, {**grid, "HAS_NOISE": has_noise},
