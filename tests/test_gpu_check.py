@@ -213,6 +213,22 @@ def test_runs_of_several_calls_merge_into_one_record(tmp_path):
     assert goals["lze_trainer step / TRL GRPOTrainer step, qwen2.5-0.5b (hf generation, same GPU)"]
 
 
+def test_a_run_whose_bench_timed_the_lean_step_needs_no_separate_file(tmp_path):
+    """Without lean-baseline.json the lean figures come from the check's own bench (its lean_*
+    variants), and the feature-parity ones from its parity_* variants."""
+    import gpu_runs
+
+    rows = [{"B": b, "G": 16, "variant": v, "seconds": t * 1e-6, "launches": 2, "syncs": 0}
+            for b in (256, 65536) for v, t in (("fused_cuda", 100), ("lean_compile", 150),
+                                              ("lean_eager", 400), ("parity_eager", 2000),
+                                              ("parity_compile", 500))]
+    (tmp_path / "gpu_check.json").write_text(json.dumps(
+        {"schema": 1, "stages": {"bench": {"status": "passed", "rows": rows}}}))
+    run = gpu_runs.GpuRun(tmp_path)
+    assert run.lean_speedups() == "1.5-1.5x" and run.parity_compile == "5-5x"
+    assert "| 65,536 | 100 µs | 150 µs | **1.5x** | 20x / 5x |" in run.speedup_table()
+
+
 def test_goals_of_a_run_that_measured_nothing():
     goals = gpu_report.goals({"stages": {"preflight": {"status": "failed"}}})
     assert goals and all(g["met"] is None and g["measured"] == "not measured" for g in goals)

@@ -17,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-# The GPU goals and their thresholds. The kernel bench's (issue 52): the fused CUDA step against
+# The GPU goals and their thresholds. The kernel bench's: the fused CUDA step against
 # its floors and the strongest PyTorch a user could run, every B, host-inclusive (the bench's
 # ``seconds``); graph replay against graph replay.
 FLOOR_FACTOR = 2.0  # fused_cuda within 2x of max(launch floor, random-record floor)

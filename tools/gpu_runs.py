@@ -109,26 +109,42 @@ class GpuRun:
 
     # ------------------------------------------------------------------------ the kernel step
 
+    def bench_us(self) -> dict:
+        """``{(variant, B): microseconds}`` of the check's bench, variants by today's names."""
+        bench = self.results["stages"].get("bench", {})
+        return {(r["variant"], r["B"]): r["seconds"] * 1e6 for r in gpu_report._timed(bench)}
+
+    def lean_measured(self) -> dict:
+        """``{B: {variant: microseconds}}`` of the lean baseline: lean-baseline.json where it was
+        measured beside the check, else the check's own bench (its ``lean_*`` variants)."""
+        if self.lean:
+            names = {"fused_cuda": "fused_cuda", "fused_cuda_default": "fused_cuda_default",
+                     "fused_triton": "fused_triton", "torch_plain_eager": "lean_eager",
+                     "torch_plain_compile": "lean_compile", "torch_topk_alone": "torch_topk"}
+            return {int(b): {names[k]: v for k, v in us.items() if k in names}
+                    for b, us in self.lean["bench_us"].items()}
+        out: dict = {}
+        for (variant, b), us in self.bench_us().items():
+            out.setdefault(b, {})[variant] = us
+        return {b: row for b, row in sorted(out.items())
+                if "lean_compile" in row and "fused_cuda" in row}
+
     def lean_rows(self) -> list[dict]:
-        """Per B of the lean script: its fused CUDA step, the lean step eager and compiled, and
-        the check's bench at that B (fused CUDA against PlainTorchSelector: feature parity), in
+        """Per B of the lean measurement: the fused CUDA step, the lean step eager and compiled,
+        and the check's bench at that B (fused CUDA against PlainTorchSelector: feature parity), in
         microseconds; each speed-up is within one measurement."""
-        if not self.lean:
-            return []
-        bench = {(r["variant"], r["B"]): r["seconds"] * 1e6
-                 for r in self.results["stages"].get("bench", {}).get("rows", [])
-                 if "seconds" in r}
+        bench = self.bench_us()
         rows = []
-        for batch, us in self.lean["bench_us"].items():
-            b = int(batch)
-            row = {"B": b, "fused": us["fused_cuda"], "fused_default": us["fused_cuda_default"],
-                   "triton": us["fused_triton"], "lean_eager": us["torch_plain_eager"],
-                   "lean_compile": us["torch_plain_compile"], "topk": us["torch_topk_alone"],
+        for b, us in self.lean_measured().items():
+            row = {"B": b, "fused": us["fused_cuda"], "fused_default": us.get("fused_cuda_default"),
+                   "triton": us.get("fused_triton"), "lean_eager": us.get("lean_eager"),
+                   "lean_compile": us["lean_compile"], "topk": us.get("torch_topk"),
                    "bench_fused": bench.get(("fused_cuda", b)),
-                   "parity_eager": bench.get(("torch_plain", b)),
-                   "parity_compile": bench.get(("torch_plain_compile", b))}
+                   "parity_eager": bench.get(("parity_eager", b)),
+                   "parity_compile": bench.get(("parity_compile", b))}
             row["vs_lean_compile"] = row["lean_compile"] / row["fused"]
-            row["vs_lean_eager"] = row["lean_eager"] / row["fused"]
+            if row["lean_eager"]:
+                row["vs_lean_eager"] = row["lean_eager"] / row["fused"]
             if row["bench_fused"] and row["parity_eager"] and row["parity_compile"]:
                 row["vs_parity_eager"] = row["parity_eager"] / row["bench_fused"]
                 row["vs_parity_compile"] = row["parity_compile"] / row["bench_fused"]
@@ -139,10 +155,6 @@ class GpuRun:
         """The fused CUDA step's speed-ups over the lean step under torch.compile, lowest to
         highest, e.g. "1.09-2.88x"."""
         ratios = [r["vs_lean_compile"] for r in self.lean_rows()]
-        return f"{min(ratios):.3g}-{max(ratios):.3g}x" if ratios else "not measured"
-
-    def parity_speedups(self, mode: str = "compile") -> str:
-        ratios = [r[f"vs_parity_{mode}"] for r in self.lean_rows() if f"vs_parity_{mode}" in r]
         return f"{min(ratios):.3g}-{max(ratios):.3g}x" if ratios else "not measured"
 
     def speedup_table(self) -> str:
@@ -168,7 +180,7 @@ class GpuRun:
             lines.append(f"| {r['B']:,} | {_us(r['fused'])} | {_us(r['fused_default'])} | "
                          f"{_us(r['triton'])} | {_us(r['lean_eager'])} | {_us(r['lean_compile'])} | "
                          f"{_us(r['topk'])} | {r['vs_lean_compile']:.3g}x | "
-                         f"{r['vs_lean_eager']:.3g}x |")
+                         f"{_x(r.get('vs_lean_eager'))} |")
         return "\n".join(lines)
 
     def oracle_line(self) -> str:
@@ -194,26 +206,25 @@ class GpuRun:
     def bench_ratios(self, baseline: str) -> str:
         """The fused CUDA step's speed-ups over ``baseline`` (a variant of the check's bench) at
         every B it timed, lowest to highest, e.g. "3.94-19.3x"."""
-        rows = {(r["variant"], r["B"]): r["seconds"]
-                for r in self.results["stages"].get("bench", {}).get("rows", []) if "seconds" in r}
+        rows = self.bench_us()
         ratios = [rows[baseline, b] / rows["fused_cuda", b] for v, b in rows
                   if v == "fused_cuda" and (baseline, b) in rows]
         return f"{min(ratios):.3g}-{max(ratios):.3g}x" if ratios else "not measured"
 
     @property
     def parity_eager(self) -> str:
-        return self.bench_ratios("torch_plain")
+        return self.bench_ratios("parity_eager")
 
     @property
     def parity_compile(self) -> str:
-        return self.bench_ratios("torch_plain_compile")
+        return self.bench_ratios("parity_compile")
 
     @property
     def launches(self) -> str:
         """Kernel launches of the fused CUDA step by B, e.g. "2 up to B = 65,536, 7 above"."""
         rows = sorted((r["B"], r["launches"]) for r in
-                      self.results["stages"].get("bench", {}).get("rows", [])
-                      if r.get("variant") == "fused_cuda" and "launches" in r)
+                      gpu_report._timed(self.results["stages"].get("bench", {}))
+                      if r["variant"] == "fused_cuda" and "launches" in r)
         if not rows:
             return "not measured"
         spans = []
@@ -250,3 +261,7 @@ def _us(value) -> str:
 
 def _s(seconds: float) -> str:
     return f"{seconds:.3f} s" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def _x(ratio) -> str:
+    return "-" if ratio is None else f"{ratio:.3g}x"
