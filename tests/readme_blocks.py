@@ -50,8 +50,9 @@ RULES = (
          "written to my_reward.py and its function called (fast)"),
     Rule("trainer", "bash", "python -m lze_trainer --print-config $RUN",
          "run by bash (fast): python runs for real (--print-config), torchrun is a stand-in that "
-         "parses its arguments with torch.distributed.run's parser, loads and validates the "
-         "config of the overrides for the world size and checks that the data fills a step"),
+         "records its launches; then each is parsed with torch.distributed.run's parser, the "
+         "config of its overrides loaded and validated for its world size, and the data checked "
+         "to fill a step"),
     Rule("trainer-small", "bash", "model.path=warm:demo",
          "run by bash after the trainer block (its commands skipped there: it defines RUN), with "
          "the real torchrun: two steps on one CPU rank (slow)"),
@@ -89,6 +90,10 @@ def run_bash(script: str, cwd: Path, env: dict | None = None, timeout: float = 3
                           env={**os.environ, **(env or {})}, capture_output=True, text=True,
                           timeout=timeout)
 
+
+# A stand-in for torchrun that records each launch, one line of bash-quoted arguments a launch, for
+# tests/readme_torchrun.py to check (read back by shlex).
+RECORD_TORCHRUN = 'torchrun() { printf "%q " "$@" >> "$LAUNCHES"; echo >> "$LAUNCHES"; }\n'
 
 # A stand-in for python3 that prints the arguments verl's launch would get, one a line, instead
 # of starting verl (the example script calls `python3 -m verl.trainer.main_ppo ...`); the verl

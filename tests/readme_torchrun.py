@@ -1,12 +1,15 @@
 """A stand-in for ``torchrun`` while the README's trainer block runs (tests/test_readme.py).
 
-``python readme_torchrun.py <torchrun arguments>``: parses them with torch.distributed.run's own
-parser, reads the trainer's arguments with ``lze_trainer``'s parser, loads and validates the
-config of the overrides for the world size they ask for, checks that the training data holds
-the prompts of a step, and prints ``world=<n>``. Nothing is launched: the README's GPU lines
-cannot run on a CPU.
+While the block runs, ``torchrun`` is a shell function that records each launch's arguments, one
+line each (``RECORD_TORCHRUN`` in tests/readme_blocks.py); ``python readme_torchrun.py LAUNCHES``
+then checks them all in one
+process: each is parsed with torch.distributed.run's own parser, the trainer's arguments with
+``lze_trainer``'s parser, the config of the overrides loaded and validated for the world size
+asked for, and the training data checked to hold the prompts of a step; it prints
+``world=<n>`` per launch. Nothing is launched: the README's GPU lines cannot run on a CPU.
 """
 
+import shlex
 import sys
 
 from torch.distributed.run import get_args_parser
@@ -30,5 +33,13 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def check_all(path: str) -> int:
+    """Every recorded launch of ``path``, in order; the first failure ends it."""
+    for line in open(path).read().splitlines():
+        if line.strip():
+            main(shlex.split(line))
+    return 0
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(check_all(sys.argv[1]))

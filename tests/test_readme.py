@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from readme_blocks import README, ROOT, RULES, block, blocks, rule_of, run_bash
+from readme_blocks import README, ROOT, RECORD_TORCHRUN, RULES, block, blocks, rule_of, run_bash
 
 TESTS = Path(__file__).resolve().parent
 
@@ -68,8 +68,11 @@ def environment(tmp_path: Path) -> dict:
     return {"PATH": path, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(TESTS)])}
 
 
-# A stand-in for torchrun that checks a launch instead of starting it (tests/readme_torchrun.py).
-CHECKING_TORCHRUN = f'torchrun() {{ "{sys.executable}" "{TESTS / "readme_torchrun.py"}" "$@"; }}\n'
+def with_checked_launches(script: str) -> str:
+    """``script`` with torchrun recording its launches, then checked in one process instead of
+    started (tests/readme_torchrun.py)."""
+    return (f'export LAUNCHES="$(mktemp)"\n{RECORD_TORCHRUN}{script}\n'
+            f'"{sys.executable}" "{TESTS / "readme_torchrun.py"}" "$LAUNCHES"\n')
 # The trainer block's own commands as no-ops, where a test needs only what it defines (its RUN=).
 SKIPPED_COMMANDS = "python() { :; }\ntorchrun() { :; }\n"
 
@@ -117,7 +120,7 @@ def test_trl_blocks_compile_and_name_what_exists():
 def test_trainer_block_runs_with_a_checking_torchrun(tmp_path):
     """python runs for real (--print-config); each torchrun line is parsed, its config loaded and
     validated for its world size, and the prompts file found big enough for its batch."""
-    out = run_bash(CHECKING_TORCHRUN + block("trainer").text, cwd=scratch(tmp_path),
+    out = run_bash(with_checked_launches(block("trainer").text), cwd=scratch(tmp_path),
                    env=environment(tmp_path), timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert re.findall(r"^world=(\d+)$", out.stdout, re.M) == ["8", "16"]
@@ -128,7 +131,7 @@ def test_checking_torchrun_refuses_a_batch_the_data_cannot_fill(tmp_path):
     """The stand-in stops the block at its first launch (python's --print-config, which the test
     above runs, is skipped here)."""
     text = block("trainer").text.replace("trainer.batch_size=64", "trainer.batch_size=1024")
-    out = run_bash("python() { :; }\n" + CHECKING_TORCHRUN + text, cwd=scratch(tmp_path),
+    out = run_bash(with_checked_launches("python() { :; }\n" + text), cwd=scratch(tmp_path),
                    env=environment(tmp_path), timeout=600)
     assert out.returncode != 0 and "data.train has only 1000 rows" in out.stderr
 
