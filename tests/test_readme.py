@@ -127,13 +127,21 @@ def test_trainer_block_runs_with_a_checking_torchrun(tmp_path):
     assert "reward:" in out.stdout and "my_reward:score" in out.stdout  # the printed config
 
 
-def test_checking_torchrun_refuses_a_batch_the_data_cannot_fill(tmp_path):
-    """The stand-in stops the block at its first launch (python's --print-config, which the test
-    above runs, is skipped here)."""
+def test_checking_torchrun_refuses_a_batch_the_data_cannot_fill(tmp_path, monkeypatch):
+    """The block's launches with a batch the prompts cannot fill, recorded by bash (python's
+    --print-config, which the test above runs, skipped), then checked here: the first fails."""
+    from lze_trainer.config import ConfigError
+    from readme_torchrun import check_all
+
     text = block("trainer").text.replace("trainer.batch_size=64", "trainer.batch_size=1024")
-    out = run_bash(with_checked_launches("python() { :; }\n" + text), cwd=scratch(tmp_path),
-                   env=environment(tmp_path), timeout=600)
-    assert out.returncode != 0 and "data.train has only 1000 rows" in out.stderr
+    launches = tmp_path / "launches"
+    out = run_bash("python() { :; }\n" + RECORD_TORCHRUN + text, cwd=scratch(tmp_path),
+                   env={**environment(tmp_path), "LAUNCHES": str(launches)})
+    assert out.returncode == 0 and len(launches.read_text().splitlines()) == 2, out.stderr
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError, match="data.train has only 1000 rows"):
+        check_all(str(launches))
 
 
 def test_verl_block_passes_the_selection_overrides():
