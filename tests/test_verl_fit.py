@@ -63,7 +63,8 @@ PREFIX = "actor_rollout_ref.actor.use_prefix_grouper=True"
 # B = 4 of 16 prompts, k = floor(4 x 0.5) = 2 groups, one mini-batch of 2: plain GRPO, the update.
 SMALL = Shape(batch=4, steps=3, prompts=16)
 # Three passes: LZE alone, B = 4 of 8 prompts (k = 2); the forward methods, B = 6 of 12 prompts,
-# k0 = 3 rounded to whole mini-batches of 2 groups (4: the selector's 3 and the next by energy).
+# k0 = 3 rounded to a whole mini-batch of 4 groups (the selector's 3 and the next by energy; one
+# mini-batch, so that an update does not depend on the order verl splits the rows in).
 # Every third prompt always solved (zero-variance groups; the pruner prunes them). Two steps a
 # pass: step 2 ends a pass (a stop at an epoch boundary), step 3 is mid-pass.
 SOLVED_EVERY = 3
@@ -108,8 +109,11 @@ class Runs:
         return self.done[name]
 
     def compose(self, v1: bool, shape: Shape, data: str = "small", overrides=(), **kwargs):
+        """A run's config; its validation set is a file of its own (a v1 forward sampler needs
+        one: LZERLHFDataset remaps every dataset of the train files)."""
         return self.cluster.compose(v1=v1, shape=shape, train_files=kwargs.pop(
-            "train_files", self.data[data]), overrides=[MINI, *overrides], **kwargs)
+            "train_files", self.data[data]), val_files=kwargs.pop("val_files", self.data["val"]),
+            overrides=[MINI, *overrides], **kwargs)
 
     # ----------------------------------------------------------------- plain GRPO, the update
 
@@ -185,7 +189,8 @@ class Runs:
                       f"trainer.resume_from_path={origin / f'global_step_{stop}'}"]
         name = f"{trainer}_{method}" + (f"@{stop}" if stop else "")
         overrides = [f"trainer.save_freq={save}", *resume,
-                     f"trainer.default_local_dir={self.work / name}"]
+                     f"trainer.default_local_dir={self.work / name}",
+                     f"actor_rollout_ref.actor.ppo_mini_batch_size={KEPT[shape]}"]
         shape = Shape(**{**vars(shape), "steps": steps})
         lze = FORWARD_LZE if method in FORWARD else LZE
         if trainer == "v1":
@@ -338,7 +343,7 @@ def test_every_method_over_three_passes(runs, trainer, method):
     """Six steps over three passes of the data: every step rolls out B prompts and hands k
     groups to the later stages, half on each rank, no padding, the kept groups among the
     step's prompts, the effective ratio logged (4 of 6 for the forward methods: k0 = 3 rounded
-    to whole mini-batches of 2); a forward sampler observed every step and its permutation went
+    to a whole mini-batch of 4); a forward sampler observed every step and its permutation went
     through three passes or more (DOTS draws each batch afresh)."""
     run = runs[f"{trainer}_{method}"]
     shape = LZE_PASSES if method == "lze" else PASSES

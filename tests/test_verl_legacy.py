@@ -729,6 +729,28 @@ def test_the_selector_steps_once_per_batch_whatever_raises_after_it(registered, 
     assert int(estimator.selector.state.step_counter[0]) == 0 and trainer._rows_by_uid
 
 
+def test_rows_are_checked_against_the_train_sets_extra_info_index(registered):
+    """The trainer holds the train set's row table (each row's extra_info.index, read at load):
+    a step whose rows carry another extra_info.index than their row has is refused at that step
+    with the fix, before the selector steps."""
+    from lze_kernels.integrations.verl.rows import RowTable
+
+    lze = LZEAdvantage(12, CONFIG)
+    trainer = trainer_without_workers(estimator=registered(lze))
+    trainer.rows = RowTable(np.array(list(range(6)) * 2))  # two files restarting at 0
+    rows = [5, 0, 9, 2, 7, 3, 11, 6]
+    batch = fit_batch(trainer, [0, 1, 2, 4, 3, 2, 1, 3], rows)
+    batch.non_tensor_batch["extra_info"] = np.array(
+        [{"index": row % 6} for row in rows for _ in range(GROUP)], dtype=object)
+    trainer._balance_batch(batch, metrics={})  # rows 6-11 carry index 0-5: the table agrees
+    batch = fit_batch(trainer, [0, 1, 2, 4, 3, 2, 1, 3], rows, seed=1)
+    batch.non_tensor_batch["extra_info"] = np.array(
+        [{"index": row} for row in rows for _ in range(GROUP)], dtype=object)
+    with pytest.raises(ValueError, match=r"row 9 carries extra_info\.index 9.*custom_cls"):
+        trainer._balance_batch(batch, metrics={})
+    assert int(lze.selector.state.step_counter[0]) == 1
+
+
 def test_validation_batches_are_not_bound(registered):
     """verl's _validate runs _get_gen_batch on validation batches (their rows may carry no
     extra_info.index): the trainer leaves the step's binding alone while it validates."""

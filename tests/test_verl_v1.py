@@ -584,8 +584,9 @@ def built(config, **options):
 
 def test_setups_the_selection_cannot_serve_are_refused_at_start_up():
     """A colocated reward model (v1 scores after sample(): nothing to select on), a dataset
-    class other than LZERLHFDataset, dataloader workers: refused when verl builds the buffer,
-    each naming the setting and the way out."""
+    class other than LZERLHFDataset, dataloader workers, a forward sampler with the train files
+    as the validation set: refused when verl builds the buffer, each naming the setting and the
+    way out."""
     with pytest.raises(ValueError, match=r"reward_model\.enable_resource_pool.*legacy"):
         built(verl_config(**{"reward.reward_model.enable": True}))
     built(verl_config(**{"reward.reward_model.enable": True,
@@ -594,6 +595,10 @@ def test_setups_the_selection_cannot_serve_are_refused_at_start_up():
         built(verl_config(**{"data.custom_cls.path": None}))
     with pytest.raises(ValueError, match="dataloader_num_workers"):
         built(verl_config(**{"data.dataloader_num_workers": 2}))
+    same_files = verl_config(**{"data.train_files": ["t.parquet"], "data.val_files": "t.parquet"})
+    built(same_files)  # no forward sampler: the validation set may be the train files
+    with pytest.raises(ValueError, match=r"data\.val_files: the same files as data\.train_files"):
+        built(same_files, forward={"method": "greso"})
 
 
 @pytest.mark.parametrize("changes, sync_step, warned", [

@@ -111,7 +111,7 @@ class LZERLHFDataset(_dataset_base()):
     def __init__(self, data_files, tokenizer, config, processor=None, *args, **kwargs):
         super().__init__(data_files, tokenizer, config, processor, *args, **kwargs)
         train_files = config.get("train_files") if hasattr(config, "get") else None
-        self.is_train = _file_list(data_files) == _file_list(train_files)
+        self.is_train = file_list(data_files) == file_list(train_files)
         self.rows = RowTable.of(self)
         if self.is_train and not self.rows.positions_are_indices():
             logger.warning("LZERLHFDataset: LZE keys each prompt by its row in the train set, "
@@ -146,7 +146,8 @@ def row_table(dataset) -> RowTable:
     return rows if isinstance(rows, RowTable) else RowTable.of(dataset)
 
 
-def _file_list(files) -> list:
+def file_list(files) -> list:
+    """A ``data.*_files`` setting as a list of paths (one file may be given bare)."""
     if files is None:
         return []
     return [str(f) for f in files] if not isinstance(files, str) else [files]

@@ -229,6 +229,14 @@ class LZEReplayBuffer(ReplayBuffer):
                              f"selection state travels in its data.pt entry, and it keys each "
                              f"prompt by its row), got {getattr(dataset_cls, '__name__', None)}; "
                              f"set {DATASET_FIX}")
+        train_files = checkpoint.file_list(config.data.get("train_files"))
+        if (self.forward_options is not None and train_files
+                and checkpoint.file_list(config.data.get("val_files")) == train_files):
+            raise ValueError("data.val_files: the same files as data.train_files; with "
+                             "sampler_kwargs.forward, LZERLHFDataset serves the forward sampler's "
+                             "rows to every item of a dataset of the train files, the validation "
+                             "set's too (its draws would leave the sampler's sequence): give the "
+                             "validation set files of its own")
         if config.data.get("dataloader_num_workers", 0) != 0:
             raise ValueError(f"data.dataloader_num_workers: LZE selection needs 0, got "
                              f"{config.data.dataloader_num_workers} (a worker's copy of the "
