@@ -110,12 +110,18 @@ def build_step(variant: str, num_prompts: int, device: torch.device, batch: int,
             return _replayed(selector, inputs or RoundInputs(batch, GROUP, device))
         return selector.step if kind == "_default" else unchecked(selector.step)
     if variant.startswith("lean_"):
-        step = LeanTorchStep(num_prompts, device=device).step
+        lean = LeanTorchStep(num_prompts, device=device)
         if variant == "lean_eager":
-            return step
+            return lean.step
         torch._dynamo.reset()  # compiled per B: a fresh cache, no recompile limit
-        mode = "reduce-overhead" if variant == "lean_graph" else None
-        return torch.compile(step, fullgraph=True, dynamic=False, mode=mode)
+        if variant == "lean_graph":
+            # The state lives at fixed addresses, as a module's buffers would: CUDA graphs may
+            # then update it in place (mutated inputs otherwise make inductor skip the graph).
+            for state in (lean.d_init, lean.ema, lean.seen):
+                torch._dynamo.mark_static_address(state)
+            return torch.compile(lean.step, fullgraph=True, dynamic=False,
+                                 mode="reduce-overhead")
+        return torch.compile(lean.step, fullgraph=True, dynamic=False)
     if variant == "torch_topk":
         keys = torch.rand(batch, device=device)
         k = num_keep(batch, KEEP_RATIO)
@@ -207,6 +213,7 @@ def run(device: torch.device, batches=BATCHES, group: int = GROUP, rounds: int =
         case = []
         for variant in list(variants):
             inputs = RoundInputs(batch, group, device)
+            skips_before = _cudagraph_skip_count()
             try:
                 step = build_step(variant, inputs.num_prompts, device, batch, inputs)
                 host_s, device_s = time_step(step, inputs, rounds, device)
@@ -217,12 +224,26 @@ def run(device: torch.device, batches=BATCHES, group: int = GROUP, rounds: int =
                 variants.remove(variant)
                 continue
             case.append({"B": batch, "G": group, "variant": variant, "seconds": host_s,
-                         "device_s": device_s, **profile_step(step, inputs, device)})
+                         "device_s": device_s, **profile_step(step, inputs, device),
+                         **_cudagraph_skips(variant, skips_before)})
             device_text = "" if device_s is None else f" device {device_s * 1e6:9.1f} us"
             log(f"  B={batch:>7} {variant:<22} {host_s * 1e6:9.1f} us{device_text} "
                 f"launches={case[-1]['launches']} syncs={case[-1]['syncs']}")
         rows += with_ratios(case)
     return rows
+
+
+def _cudagraph_skip_count() -> int:
+    """How often inductor has fallen back from CUDA graphs in this process (mutated inputs, CPU
+    tensors, ...): a lean_graph row that added one ran without graphs."""
+    from torch._dynamo.utils import counters
+
+    return sum(counters["inductor"].get(key, 0) for key in counters["inductor"]
+               if key.startswith("cudagraph_skips"))
+
+
+def _cudagraph_skips(variant: str, before: int) -> dict:
+    return {"cudagraph_skips": _cudagraph_skip_count() - before} if variant == "lean_graph" else {}
 
 
 def with_ratios(case: list[dict]) -> list[dict]:

@@ -155,6 +155,23 @@ def test_host_cost_of_one_step(benchmark, monkeypatch):
               "cpu_count": os.cpu_count()}
     HOST_COST_JSON.parent.mkdir(parents=True, exist_ok=True)
     HOST_COST_JSON.write_text(json.dumps(result, indent=1) + "\n")
+    HOST_COST_JSON.with_suffix(".md").write_text(_host_cost_table(result))
     benchmark.extra_info.update(result)
     benchmark.pedantic(lambda: None, rounds=1, iterations=1)  # the figures are in extra_info
     print(json.dumps({"median_us": median, "ratio_to_lean_eager": ratios}, indent=1))
+
+
+def _host_cost_table(result: dict) -> str:
+    median, ratios = result["median_us"], result["ratio_to_lean_eager"]
+    rows = [f"| {name} | {median[name]:.1f} | "
+            + (f"{ratios[name]:.3f} (goal <= {result['goal'][name]}) |" if name in ratios
+               else "1 |") for name in ("fused_off", "fused_default", "lean_eager")]
+    return "\n".join([
+        "# Host cost of one step on the CPU", "",
+        "Written by benchmarks/test_bench_step.py::test_host_cost_of_one_step (results in "
+        "host_cost.json): B = {B}, G = {G}, the C++ CPU backend on one thread, microseconds per "
+        "step (median over {repeats} repeats of {calls_per_repeat} calls, the variants "
+        "interleaved), load average {before:.1f} before and {after:.1f} after, {cpu_count} "
+        "cores.".format(before=result["load_average_before"][0],
+                        after=result["load_average_after"][0], **result), "",
+        "| variant | us per step | x the lean step eager |", "|---|---:|---:|", *rows, ""])

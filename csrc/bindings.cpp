@@ -149,17 +149,25 @@ int predict(std::uintptr_t queries, std::uintptr_t refs, std::uintptr_t labels, 
 }
 #endif
 
-// The address kernels use for host memory: under CUDA, the device pointer of pinned, mapped
-// host memory (cudaHostGetDevicePointer; 0 when the memory is not mapped); elsewhere the
-// address itself.
+// The address kernels use for host memory: under CUDA, the device pointer of pinned host memory
+// (cudaHostGetDevicePointer, else the device pointer cudaPointerGetAttributes reports, else the
+// address itself: with unified addressing, memory from cudaHostAlloc, as torch's pinned memory
+// is, is reached at its host address); elsewhere the address itself.
 std::uintptr_t mapped_pointer(std::uintptr_t host) {
 #if defined(LZE_BIND_CUDA) && !defined(LZE_CUDA_EMULATION)
   void* device = nullptr;
-  if (cudaHostGetDevicePointer(&device, as_ptr<void>(host), 0) != cudaSuccess) {
-    cudaGetLastError();  // not sticky: clear it for the next launch's check
-    return 0;
+  if (cudaHostGetDevicePointer(&device, as_ptr<void>(host), 0) == cudaSuccess &&
+      device != nullptr) {
+    return reinterpret_cast<std::uintptr_t>(device);
   }
-  return reinterpret_cast<std::uintptr_t>(device);
+  cudaGetLastError();  // not sticky: clear it for the next launch's check
+  cudaPointerAttributes attributes{};
+  if (cudaPointerGetAttributes(&attributes, as_ptr<void>(host)) == cudaSuccess &&
+      attributes.devicePointer != nullptr) {
+    return reinterpret_cast<std::uintptr_t>(attributes.devicePointer);
+  }
+  cudaGetLastError();
+  return host;
 #else
   return host;
 #endif

@@ -51,10 +51,9 @@ def ptxas_resources(output: str) -> dict:
     return kernels
 
 
-def nvcc_command(source: str, arch: str, out_dir: Path) -> list[str]:
+def nvcc_command(unit: Path, arch: str, out_dir: Path) -> list[str]:
     return [NVCC, "-std=c++17", "--fmad=false", f"-arch={arch}", "-Werror", "all-warnings",
-            "-Xptxas", "-v", f"-I{CSRC}", "-c", str(CSRC / "cuda" / f"{source}.cu"),
-            "-o", str(out_dir / f"{source}.{arch}.o")]
+            "-Xptxas", "-v", f"-I{CSRC}", "-c", str(unit), "-o", str(out_dir / f"{arch}.o")]
 
 
 @pytest.fixture(scope="module")
@@ -62,16 +61,17 @@ def cuda_resources(tmp_path_factory):
     if NVCC is None:
         pytest.skip("nvcc not found")
     out_dir = tmp_path_factory.mktemp("nvcc")
-    # Every (arch, source) compile at once: nvcc is one process a core.
-    procs = {(arch, source): subprocess.Popen(nvcc_command(source, arch, out_dir),
-                                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                              text=True)
-             for arch in ARCHS for source in SOURCES}
-    usage = {arch: {} for arch in ARCHS}
-    for (arch, source), proc in procs.items():
+    # The sources as one translation unit (as the emulator builds them), its headers parsed once;
+    # both archs at once: nvcc is one process a core.
+    unit = out_dir / "sources.cu"
+    unit.write_text("".join(f'#include "cuda/{source}.cu"\n' for source in SOURCES))
+    procs = {arch: subprocess.Popen(nvcc_command(unit, arch, out_dir), stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True) for arch in ARCHS}
+    usage = {}
+    for arch, proc in procs.items():
         output = proc.communicate()[0]
         assert proc.returncode == 0, output
-        usage[arch].update(ptxas_resources(output))
+        usage[arch] = ptxas_resources(output)
     RESOURCES_JSON.parent.mkdir(parents=True, exist_ok=True)
     RESOURCES_JSON.write_text(json.dumps(usage, indent=2, sort_keys=True) + "\n")
     return usage

@@ -30,7 +30,10 @@ ALL_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch
               torch.int32, torch.int16, torch.uint8, torch.bool)
 FLOATS = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 META = torch.device("meta")
-EXAMPLES = settings(max_examples=4, deadline=None)
+# Two drawn argument sets a (mutation, backend): the checks are host code shared by every
+# backend, and each intact call runs the backend's kernels (in the Triton interpreter, tens of
+# milliseconds a call).
+EXAMPLES = settings(max_examples=2, deadline=None)
 
 
 class Mutation(NamedTuple):
@@ -323,9 +326,14 @@ def assert_unchanged(state, before):
     assert all(torch.equal(a, b) for a, b in zip(after, before)), "the state changed"
 
 
-def check_refused(call, args, mutation, state=None):
+# Backends whose kernels run interpreted or emulated here: a call costs tens of milliseconds.
+SLOW_BACKENDS = ("triton", "cuda_emulated")
+
+
+def check_refused(call, args, mutation, state=None, intact=True):
     """``call(**bad)`` raises an error naming the argument before it touches ``state``; the
-    intact call runs."""
+    intact call runs (``intact``: on the slow backends every drawn argument set is run by
+    test_drawn_arguments_run, once, not once a mutation)."""
     before = snapshot(state) if state is not None else None
     bad = mutation.apply(args)
     pattern = "|".join(re.escape(name) for name in mutation.names)
@@ -333,7 +341,8 @@ def check_refused(call, args, mutation, state=None):
         call(**bad)
     if state is not None:
         assert_unchanged(state, before)
-    call(**args)
+    if intact:
+        call(**args)
 
 
 def ids(mutations):
@@ -346,7 +355,8 @@ def ids(mutations):
 @given(args=step_args())
 def test_lze_update_refuses_bad_arguments(backend, mutation, args):
     args = {"backend": backend, **args}
-    check_refused(ops.lze_update, args, mutation, args["state"])
+    check_refused(ops.lze_update, args, mutation, args["state"],
+                  intact=backend not in SLOW_BACKENDS)
 
 
 @pytest.mark.parametrize("mutation", ids(STEP_INPUT_MUTATIONS))
@@ -356,7 +366,7 @@ def test_lze_update_refuses_bad_arguments(backend, mutation, args):
 def test_selector_step_refuses_bad_arguments(backend, mutation, args):
     selector = LZESelector(args["state"].num_prompts, backend=backend)
     step = lambda rewards, prompt_ids, valid, state: selector.step(rewards, prompt_ids, valid)
-    check_refused(step, args, mutation, selector.state)
+    check_refused(step, args, mutation, selector.state, intact=backend not in SLOW_BACKENDS)
 
 
 @pytest.mark.parametrize("op,strategy,mutation,backend", [
@@ -369,7 +379,30 @@ def test_selector_step_refuses_bad_arguments(backend, mutation, args):
 @EXAMPLES
 @given(data=st.data())
 def test_backend_ops_refuse_bad_arguments(op, strategy, mutation, backend, data):
-    check_refused(op, {"backend": backend, **data.draw(strategy())}, mutation)
+    check_refused(op, {"backend": backend, **data.draw(strategy())}, mutation,
+                  intact=backend not in SLOW_BACKENDS)
+
+
+@pytest.mark.parametrize("op,strategy,backend", [
+    pytest.param(op, strategy, backend.values[0], marks=backend.marks,
+                 id=f"{name}-{backend.id}")
+    for name, op, strategy, backends in (
+        ("lze_update", ops.lze_update, step_args, STEP_BACKENDS),
+        ("selector_step", None, step_args, STEP_BACKENDS),
+        ("topk_mask", ops.topk_mask, topk_args, STEP_BACKENDS),
+        ("predict_pass_rates", ops.predict_pass_rates, predict_args, PREDICT_BACKENDS))
+    for backend in backends])
+@settings(max_examples=6, deadline=None)
+@given(data=st.data())
+def test_drawn_arguments_run(op, strategy, backend, data):
+    """The argument sets the refusal tests draw are accepted as they are, on every backend: a
+    refusal is the mutation's doing (on the fast backends each refusal test also runs them)."""
+    args = data.draw(strategy())
+    if op is None:
+        LZESelector(args["state"].num_prompts, backend=backend).step(
+            args["rewards"], args["prompt_ids"], args["valid"])
+    else:
+        op(**{"backend": backend, **args})
 
 
 @pytest.mark.parametrize("op,strategy,mutation", [

@@ -1,4 +1,4 @@
-"""Every Triton kernel variant compiles ahead of time to sm_80 and sm_90 cubins without spills.
+"""Every Triton kernel variant compiles ahead of time to an sm_90 cubin without spills.
 
 The interpreter (which the rest of the suite uses) cannot catch what only the real compiler
 sees: ops it rejects, shared-memory limits, register spills. ``tools/triton_aot.py`` compiles
@@ -7,7 +7,9 @@ every ``LaunchConfig`` of ``lze_kernels.triton_kernels.aot_configs()`` in a subp
 ``benchmarks/results/triton_resources_<triton version>.json`` (``make test`` runs this file under
 the pinned Triton and, through ``tools/test_triton_latest.sh``, the newest one). One subprocess
 compiles both passes (every config for both archs, and the scalars-as-one pass), once per run;
-its compiles and ptxas reports are cached in Triton's cache directory.
+its compiles and ptxas reports are cached in Triton's cache directory. sm_90 is the GPU the
+project targets (the H100); a cold cache compiles its variants in some 45 CPU seconds, and
+``python tools/triton_aot.py --arch 80 90`` adds sm_80 (as many again) when an A100 matters.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ triton = pytest.importorskip("triton")
 
 ROOT = Path(__file__).resolve().parents[1]
 RESOURCES = ROOT / "benchmarks" / "results" / f"triton_resources_{triton.__version__}.json"
-ARCHS = ("sm_80", "sm_90")
+ARCHS = ("sm_90",)
 # Hopper and Ampere both allow 227 KB / 163 KB of shared memory per block; stay far below.
 MAX_SHARED_BYTES = 48 * 1024
 
@@ -34,7 +36,7 @@ MAX_SHARED_BYTES = 48 * 1024
 def report():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "triton_aot.py"), "--arch", "80", "90",
+        [sys.executable, str(ROOT / "tools" / "triton_aot.py"), "--arch", "90",
          "--with-scalars-as-one", "--output", str(RESOURCES)],
         env=env, capture_output=True, text=True, timeout=1800, cwd=ROOT)
     assert run.returncode == 0, run.stderr[-4000:]

@@ -294,6 +294,10 @@ def _bench_tables(bench: dict) -> list[str]:
     lines += _speedup_table(rows)
     lines += [f"\n{r['variant']} failed at B = {r['B']:,} and was not run again: {r['error']}"
               for r in bench.get("rows") or [] if "error" in r]
+    skipped = [f"{r['B']:,}" for r in rows if r.get("cudagraph_skips")]
+    if skipped:
+        lines.append(f"\nlean_graph ran without CUDA graphs (inductor skipped them) at B = "
+                     f"{', '.join(skipped)}.")
     dots = bench.get("dots")
     if dots:
         lines += ["", "DOTS prediction, N = {n:,}, K = {k:,}, d = {d} ({dtype}): kernel "

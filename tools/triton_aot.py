@@ -20,7 +20,9 @@ be compiled). Usage: ``python tools/triton_aot.py [--arch 80 90] [--output FILE]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
+import io
 import json
 import os
 import re
@@ -63,11 +65,15 @@ def compile_config(index: int, capability: int, scalars_as_one: bool = False) ->
     attrs = {(config.fn.arg_names.index(arg),): [["tt.divisibility", 16]]
              for arg in config.pointer_args()}
     source = ASTSource(fn=config.fn, signature=signature, constexprs=constexprs, attrs=attrs)
-    kernel = triton.compile(source, target=GPUTarget("cuda", capability, 32),
-                            options={"num_warps": config.num_warps, **config.options})
+    # A compile that misses Triton's cache runs ptxas -v itself: its log (printed with
+    # TRITON_DUMP_PTXAS_LOG) is the report, so ptxas runs once a config, not twice.
+    os.environ["TRITON_DUMP_PTXAS_LOG"] = "1"
+    with contextlib.redirect_stdout(io.StringIO()) as log:
+        kernel = triton.compile(source, target=GPUTarget("cuda", capability, 32),
+                                options={"num_warps": config.num_warps, **config.options})
     return {"name": config.name, "arch": f"sm_{capability}",
             "num_warps": kernel.metadata.num_warps, "shared_bytes": kernel.metadata.shared,
-            **ptxas_resources(kernel.asm["ptx"], capability, config.options)}
+            **ptxas_resources(kernel.asm["ptx"], capability, config.options, log.getvalue())}
 
 
 def _specialisable_ints(config) -> list[str]:
@@ -91,9 +97,10 @@ def one_config_per_variant() -> list[int]:
     return indices
 
 
-def ptxas_resources(ptx: str, capability: int, options: dict) -> dict:
+def ptxas_resources(ptx: str, capability: int, options: dict, compile_log: str = "") -> dict:
     """Registers, spills and stack of ``ptx`` from ``ptxas -v`` (Triton's own ptxas flags),
-    cached by the hash of what determines them."""
+    cached by the hash of what determines them; ``compile_log``: the log of the ptxas run of
+    Triton's compile, when it ran one."""
     from triton.backends.nvidia.compiler import get_ptxas, sm_arch_from_capability
     from triton.runtime.cache import get_cache_manager
 
@@ -105,7 +112,8 @@ def ptxas_resources(ptx: str, capability: int, options: dict) -> dict:
     cached = cache.get_file(_REPORT)
     if cached is not None:
         return json.loads(Path(cached).read_text())
-    report = _run_ptxas(ptxas.path, flags, ptx)
+    report = (_parse_ptxas_log(compile_log) if _PTXAS_USAGE.search(compile_log)
+              else _run_ptxas(ptxas.path, flags, ptx))
     cache.put(json.dumps(report), _REPORT, binary=False)
     return report
 
@@ -119,6 +127,10 @@ def _run_ptxas(path: str, flags: list[str], ptx: str) -> dict:
         ptx_path.write_text(ptx)
         log = subprocess.run([path, *flags, str(ptx_path), "-o", str(Path(tmp, "kernel.cubin"))],
                              check=True, capture_output=True, text=True).stderr
+    return _parse_ptxas_log(log)
+
+
+def _parse_ptxas_log(log: str) -> dict:
     registers = _PTXAS_USAGE.search(log)
     spills = _PTXAS_SPILLS.search(log)
     if registers is None or spills is None:
