@@ -69,7 +69,7 @@ class PythonLoopSelector:
             energy.append(e)
             momentum.append(m)
             pass_rate.append(p)
-        kept = self._top_k(energy)
+        kept = sorted(self._top_k(energy))  # in batch order, as LZESelector lists them
         keep_mask = [False] * batch
         for i in kept:
             keep_mask[i] = True

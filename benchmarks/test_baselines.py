@@ -54,3 +54,27 @@ def test_python_loop_matches_reference(group, noise_scale):
         _assert_same_step(ours.step(rewards, ids), ref.step(rewards, ids))
     _assert_same_state(ours, ref)
     assert any(s.pruned for s in ours.state.values())
+
+
+@pytest.mark.parametrize("ragged", [False, True])
+def test_lean_step_computes_what_the_selector_computes(ragged):
+    """The lean baseline (torch_baselines.LeanTorchStep) does the step's work: without noise its
+    advantages, pass rates, energies and momenta are the selector's over several steps of
+    returning prompts, and it keeps k rows of the largest energies (ties in any order)."""
+    from torch_baselines import LeanTorchStep
+
+    config = LZEConfig(noise_scale=0.0)
+    lean, ref = LeanTorchStep(NUM_PROMPTS, config), LZESelector(NUM_PROMPTS, config,
+                                                                backend="torch")
+    gen = torch.Generator().manual_seed(5)
+    for rewards, ids in _rounds(8, seed=5):
+        valid = (torch.arange(8)[None] < torch.randint(2, 9, (BATCH, 1), generator=gen)
+                 if ragged else None)
+        advantages, pass_rate, energy, momentum, kept = lean.step(rewards, ids, valid)
+        want = ref.step(rewards, ids, valid)
+        masked = advantages if valid is None else torch.where(valid, advantages, 0.0)
+        torch.testing.assert_close(masked, want.advantages, rtol=1e-5, atol=1e-6)
+        for got, name in ((pass_rate, "pass_rate"), (energy, "energy"), (momentum, "momentum")):
+            torch.testing.assert_close(got, getattr(want, name), rtol=0, atol=0)
+        top = torch.sort(energy, descending=True).values[:kept.numel()]
+        assert torch.equal(torch.sort(energy[kept], descending=True).values, top)
