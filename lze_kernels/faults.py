@@ -26,7 +26,10 @@ class FaultWord:
         # Real host memory even while a dispatch mode (FakeTensorMode) is active.
         with _disable_current_modes():
             self.tensor = torch.zeros(1, dtype=torch.int32, pin_memory=device.type == "cuda")
-            self._word = self.tensor.numpy()  # a view: reading it is a load from host memory
+            try:  # a numpy view: reading it is a load from host memory (~0.1 us)
+                self._word = self.tensor.numpy()
+            except RuntimeError:  # torch without numpy: read through the tensor (~1 us)
+                self._word = self.tensor
 
     def bits(self) -> int:
         """The fault bits of the last step that has finished (0 while none has faulted)."""

@@ -36,6 +36,7 @@ from .layout import KernelParams, SelectorState
 from .reference import Selection, StepStats
 
 POOL_SIZE = 3  # output buffers kept per (B, G): a loop holds one while the next step runs
+MAX_PLANS = 8  # (B, G) plans kept: the oldest goes first (a ragged last batch, varying B)
 
 _HAS_USE_COUNT = hasattr(torch.Tensor, "_use_count")
 
@@ -94,6 +95,8 @@ class NativeRunner:
         batch, group = rewards.shape
         plan = self._plans.get((batch, group))
         if plan is None:
+            if len(self._plans) == MAX_PLANS:  # outputs still referenced stay with their users
+                del self._plans[next(iter(self._plans))]
             plan = self._plans[batch, group] = _StepPlan(self, batch, group)
         outputs = plan.outputs()
         rewards, prompt_ids = rewards.contiguous(), prompt_ids.contiguous()

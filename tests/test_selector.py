@@ -513,3 +513,18 @@ def test_captured_step_api_runs_the_plain_step_on_a_cpu(backend):
     with pytest.raises(ValueError, match="prompt_ids"):
         captured.replay()
     assert torch.equal(sel.state.records, before)
+
+
+@pytest.mark.parametrize("backend", NATIVE_BACKENDS)
+def test_steps_over_many_batch_sizes_keep_the_last_plans(backend):
+    """Each (B, G) gets its plan (outputs, undo buffer, workspace); past runners.MAX_PLANS the
+    oldest goes, and steps keep matching the reference."""
+    from lze_kernels import runners
+
+    sel, twin = LZESelector(200, backend=backend), LZESelector(200, backend="torch")
+    for batch in range(20, 20 + runners.MAX_PLANS + 3):
+        rewards, ids, valid = make_batch(batch=batch, seed=batch)
+        got, want = sel.step(rewards, ids, valid), twin.step(rewards, ids, valid)
+        assert torch.equal(got.kept_indices, want.kept_indices)
+    assert len(sel._runner._plans) == runners.MAX_PLANS
+    assert torch.equal(sel.state.records[:200], twin.state.records[:200])
