@@ -13,8 +13,8 @@ are drawn without replacement with probability proportional to ``exp(-|p_hat - 1
 
 :func:`predict_pass_rates` runs on a backend (``"auto"``: the fused kernel of the device, one
 pass over the queries with an online softmax, Milakov & Gimelshein 2018, as in FlashAttention,
-Dao et al. 2022); :func:`predict_pass_rates_reference` (in :mod:`lze_kernels.reference`, with the
-other oracles) is its oracle. The rest is PyTorch. All of
+Dao et al. 2022); :func:`lze_kernels.reference.predict_pass_rates_reference` (with the other oracles) is its
+oracle. The rest is PyTorch. All of
 it is sync-free and fixed-shape.
 """
 
@@ -26,7 +26,6 @@ from typing import Optional
 import torch
 
 from . import dispatch, reference, validation
-from .reference import REFERENCE_CHUNK, predict_pass_rates_reference  # noqa: F401 (the oracle)
 
 # A calibration whose predictions vary less than this (variance) keeps the identity.
 MIN_CALIBRATION_VARIANCE = 1e-12

@@ -91,3 +91,40 @@ def test_probe_is_one_launch_per_device_and_reads_its_status(monkeypatch, status
 def test_probe_of_a_working_module_launches_cleanly(monkeypatch):
     monkeypatch.setattr(native.CUDA_EMULATED, "_launch_errors", {})
     assert native.CUDA_EMULATED.launch_error(torch.device("cpu")) is None
+
+
+def test_the_kernel_package_has_no_import_circle():
+    """No module of lze_kernels (the integrations aside) imports, at any depth, one that
+    imports it back; dispatch once imported dots, which imports dispatch (a lazy import kept the
+    circle from failing)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(dispatch.__file__).parent
+    modules = {path: "lze_kernels." + ".".join(path.relative_to(root).with_suffix("").parts)
+               for path in [*root.glob("*.py"), *root.glob("triton_kernels/*.py")]}
+    names = {name.removesuffix(".__init__") for name in modules.values()}
+    edges = {}
+    for path, name in modules.items():
+        package = name.rsplit(".", 1)[0] if not name.endswith("__init__") else name[:-9]
+        name = name.removesuffix(".__init__")
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                    base = f"{parent}.{base}" if base else parent
+                for alias in node.names:
+                    candidate = f"{base}.{alias.name}"
+                    targets.add(candidate if candidate in names else base)
+            elif isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names)
+        edges[name] = {t for t in targets if t in names and t != name}
+
+    def reaches(start, goal, seen):
+        return any(t == goal or (t not in seen and reaches(t, goal, seen | {t}))
+                   for t in edges.get(start, ()))
+
+    circles = sorted(name for name in edges if reaches(name, name, {name}))
+    assert circles == [], circles

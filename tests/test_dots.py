@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from conftest import U32, assert_within, predict_param, softmax_mean_error_bound
-from lze_kernels import dots, ops
+from lze_kernels import dots, ops, reference
 
 
 BACKENDS = [predict_param(name) for name in ("torch", "cpu", "triton")]
@@ -123,8 +123,9 @@ def test_prediction_properties(backend, n, k, d, log_scale, tau, seed):
 
 def test_reference_is_chunked():
     """The reference never holds more than REFERENCE_CHUNK query rows of scores."""
-    q, r, y = inputs(dots.REFERENCE_CHUNK + 3, 9, 5)
-    assert_within(dots.predict_pass_rates_reference(q, r, y, 1 / math.sqrt(5)), oracle(q, r, y),
+    q, r, y = inputs(reference.REFERENCE_CHUNK + 3, 9, 5)
+    assert_within(reference.predict_pass_rates_reference(q, r, y, 1 / math.sqrt(5)),
+                  oracle(q, r, y),
                   bound(q, r, y))
 
 

@@ -1,4 +1,4 @@
-"""DOTS pass-rate prediction as one Triton launch (docs/spec.md §8; ``dots.predict_pass_rates_reference``).
+"""DOTS pass-rate prediction as one Triton launch (docs/spec.md §8; ``reference.predict_pass_rates_reference``).
 
 ``p_hat_q = sum_j softmax_j(s_qj) y_j`` with ``s_qj = <z_q, z_j> * scale``, FlashAttention's
 forward pass (Dao et al. 2022) with a value of width one: program ``t`` owns queries
@@ -102,7 +102,7 @@ def block_shape(n_queries: int, n_refs: int, dim: int) -> tuple[int, int, int]:
 
 
 def predict_pass_rates(query_emb, ref_emb, ref_pass, scale: float) -> torch.Tensor:
-    """One launch of :func:`lze_kernels.dots.predict_pass_rates_reference`."""
+    """One launch of :func:`lze_kernels.reference.predict_pass_rates_reference`."""
     query_emb, ref_emb = query_emb.contiguous(), ref_emb.contiguous()
     n_queries, dim = query_emb.shape
     n_refs = ref_emb.shape[0]
