@@ -18,7 +18,7 @@ installed="$(PYTHONPATH="$target" python -c \
   'import importlib.metadata as m; print(m.version("triton"))' 2>/dev/null || true)"
 if [ "$installed" != "$TRITON_LATEST" ]; then
   rm -rf "$target"
-  python -m pip install --disable-pip-version-check -q --no-deps --target "$target" \
+  python -m pip install --disable-pip-version-check -q --no-compile --no-deps --target "$target" \
     "triton==$TRITON_LATEST"
 fi
 
