@@ -78,21 +78,30 @@ def test_the_plugin_records_cpu_time_of_the_test_and_its_children(tmp_path):
     (tests / "conftest.py").write_text("pytest_plugins = ['timing_plugin']\n")
     (tests / "test_burn.py").write_text(textwrap.dedent("""
         import subprocess, sys
+        import pytest
         def test_child_burns():
             subprocess.run([sys.executable, "-c", "s = 0\\nfor i in range(3_000_000): s += i"])
         def test_idle():
             pass
+        def test_skipped():
+            pytest.skip("no")
+        def test_fails():
+            assert False
     """))
     out = tmp_path / "times"
     env = {"LZE_TEST_TIMES": str(out), "LZE_TEST_SUITE": "demo",
            "PYTHONPATH": str(ROOT / "tests"), "PATH": "/usr/bin:/bin"}
     subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tests)],
-                   env=env, check=True, capture_output=True, cwd=tmp_path)
+                   env=env, capture_output=True, cwd=tmp_path)
     records = test_times.read_records(out)
     by_name = {r["nodeid"].split("::")[1]: r for r in records}
-    assert set(by_name) == {"test_child_burns", "test_idle"}
+    assert {name: r["outcome"] for name, r in by_name.items()} == {
+        "test_child_burns": "passed", "test_idle": "passed", "test_skipped": "skipped",
+        "test_fails": "failed"}
     assert by_name["test_child_burns"]["cpu_s"] > 0.05 > by_name["test_idle"]["cpu_s"]
     assert all(r["suite"] == "demo" and r["file"].endswith("test_burn.py") for r in records)
+    assert test_times.outcome_counts(records) == {"demo": {"passed": 2, "skipped": 1,
+                                                           "failed": 1}}
 
 
 def test_the_committed_budgets_fit_the_ci_budget():

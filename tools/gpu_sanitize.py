@@ -6,11 +6,12 @@ a mismatch; the sanitizer's own exit code reports what it found.
     compute-sanitizer --tool memcheck --error-exitcode 3 python -P tools/gpu_sanitize.py
     compute-sanitizer --tool racecheck --error-exitcode 3 python -P tools/gpu_sanitize.py --racecheck
 
-The top-k's launch plans: one block up to 65,536 rows (scores in shared memory to 8,192, in the
-workspace above), then six launches over blocks of 1,024 rows (65,537: 64 blocks and a one-row
-tile). ``--racecheck`` runs fewer, smaller shapes, as racecheck tracks every shared-memory access:
-the one-block plan both ways; the six-launch plan's smallest batch (65 blocks) is past its time
-here, and the emulator under ThreadSanitizer checks that plan instead (tools/emu_tsan.sh).
+The top-k's launch plans (csrc/cuda/selection_plan.h): one block up to 16,384 rows (the scores in
+dynamic shared memory), then three launches over tiles of at least 16,384 rows (16,385: two
+tiles, the second of one row). ``--racecheck`` runs fewer, smaller shapes, as racecheck tracks
+every shared-memory access: the one-block plan; the large plan's 128 KiB shared histograms per
+block are past its time here, and the emulator under ThreadSanitizer checks that plan, scaled
+down so that a few thousand rows cross every tile boundary (tools/emu_tsan.sh).
 """
 
 import argparse
@@ -20,9 +21,9 @@ import torch
 
 from lze_kernels import LZEConfig, LZESelector
 
-# (B, G): a single row, B and G not multiples of a block or warp, one full block, the largest.
-SHAPES = ((1, 8), (300, 3), (1024, 16), (4097, 5), (8192, 4), (12289, 4), (65536, 64),
-          (65537, 4))
+# (B, G): a single row, B and G not multiples of a block or warp, each plan's edges, the largest.
+SHAPES = ((1, 8), (300, 3), (1024, 16), (4097, 5), (8192, 4), (16384, 4), (16385, 4),
+          (65536, 64), (65537, 4))
 # racecheck's shapes, small (it tracks every shared-memory access: the shapes up to 16,384 rows
 # ran past its 54 s on an H200).
 RACECHECK_SHAPES = ((1, 8), (300, 3), (1024, 16), (12289, 4))

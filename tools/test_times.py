@@ -103,8 +103,19 @@ def render(stages: dict[str, float], records: list[dict], budgets: dict,
     return "\n".join(lines)
 
 
+def outcome_counts(records: list[dict]) -> dict[str, dict[str, int]]:
+    """suite -> {"passed": n, "skipped": n, "failed": n}."""
+    counts: dict = defaultdict(lambda: {"passed": 0, "skipped": 0, "failed": 0})
+    for r in records:
+        counts[r["suite"]][r.get("outcome", "passed")] += 1
+    return dict(counts)
+
+
 def summary(stages: dict[str, float], records: list[dict]) -> dict:
     return {"stages": {name: {"seconds": round(s, 1)} for name, s in stages.items()},
+            "tests": outcome_counts(records),
+            "cpu_s": {suite: round(sum(e["cpu_s"] for e in files.values()), 1)
+                      for suite, files in file_totals(records).items()},
             "files": {suite: {f: {k: round(v, 1) for k, v in e.items()} for f, e in files.items()}
                       for suite, files in file_totals(records).items()}}
 
