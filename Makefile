@@ -80,7 +80,7 @@ demo: setup
 TEST_WORKERS ?= 2
 TEST_TIMES := $(abspath .test-times)
 MARK := $(PYTHON) tools/test_times.py mark
-PYTEST_PARALLEL = -q -n $(TEST_WORKERS) --dist loadfile
+PYTEST_PARALLEL = -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 test: export LZE_STAGE_TIMES := $(TEST_TIMES)/stages.tsv
 test: export LZE_TEST_TIMES := $(TEST_TIMES)/tests
 test:

@@ -103,7 +103,7 @@ def test_the_report_lists_stages_slowest_tests_and_the_verdict(tmp_path):
     assert "tests/test_a.py::t0 " not in out  # not among the 25 slowest
     assert "FAILED: tests/test_a.py" in out
     summary = json.loads((tmp_path / "out.json").read_text())
-    assert summary["stages"]["main suite"] == {"seconds": 61.0, "budget_s": 60}
+    assert summary["stages"]["main suite"] == {"seconds": 61.0, "minutes": 1.0, "budget_s": 60}
     assert summary["files"]["main"]["tests/test_a.py"]["cpu_s"] == pytest.approx(43.5)
 
 
@@ -148,3 +148,25 @@ def test_the_committed_budgets_fit_the_ci_budget():
     assert sum(serial) <= budgets["total_s"] <= 20 * 60
     assert set(budgets["concurrent"]) <= set(budgets["stages"])
     assert all(percent > 0 for files in budgets["files"].values() for percent in files.values())
+
+
+def test_the_costliest_files_are_scheduled_first_then_slow_files_then_the_rest(monkeypatch):
+    """xdist hands out files in this order (--no-loadscope-reorder): longest first."""
+    import scheduling_plugin
+
+    class Item:
+        def __init__(self, nodeid, slow=False):
+            self.nodeid, self.slow = nodeid, slow
+
+        def get_closest_marker(self, name):
+            return object() if name == "slow" and self.slow else None
+
+    monkeypatch.setattr(scheduling_plugin, "_shares",
+                        lambda: {"tests/test_big.py": 60.0, "tests/test_mid.py": 5.0})
+    items = [Item("tests/test_small.py::a"), Item("tests/test_mid.py::a"),
+             Item("tests/test_slow.py::a", slow=True), Item("tests/test_big.py::a"),
+             Item("tests/test_mid.py::b"), Item("tests/test_big.py::b")]
+    scheduling_plugin.pytest_collection_modifyitems(None, items)
+    assert [i.nodeid for i in items] == [
+        "tests/test_big.py::a", "tests/test_big.py::b", "tests/test_mid.py::a",
+        "tests/test_mid.py::b", "tests/test_slow.py::a", "tests/test_small.py::a"]

@@ -129,7 +129,8 @@ def outcome_counts(records: list[dict]) -> dict[str, dict[str, int]]:
 def summary(stages: dict[str, float], records: list[dict], budgets: dict) -> dict:
     """What the run measured, with the budgets it ran against (the pages render both)."""
     limits = dict(budgets["stages"], **{TOTAL: budgets["total_s"]})
-    return {"stages": {name: {"seconds": round(s, 1), "budget_s": limits.get(name)}
+    return {"stages": {name: {"seconds": round(s, 1), "minutes": round(s / 60, 1),
+                              "budget_s": limits.get(name)}
                        for name, s in stages.items()},
             "tests": outcome_counts(records),
             "cpu_s": {suite: round(sum(e["cpu_s"] for e in files.values()), 1)
