@@ -30,7 +30,8 @@ def test_make_test_runs_the_verl_tests_in_their_venv():
     assert "-m venv .venv-verl" in dry
     assert "install --no-compile -c requirements/constraints-verl.txt -r requirements/verl.in" in dry
     assert "LZE_BUILD_CUDA=0 LZE_BUILD_CUDA_EMULATED=0" in dry
-    assert ".venv-verl/bin/python -P -m pytest -q -n 2 --dist loadfile tests/test_integration_verl.py" in dry
+    assert (".venv-verl/bin/python -P -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder "
+            "tests/test_integration_verl.py") in dry
     assert "tests/test_verl_v1.py" in dry
     test = subprocess.run(["make", "-n", "test"], cwd=ROOT, capture_output=True, text=True,
                           check=True).stdout
