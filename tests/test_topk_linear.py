@@ -2,8 +2,9 @@
 csrc/cpu/topk_cpu.cpp) against the reference at every size, and its work counted.
 
 * Selections equal ``reference.topk_select`` bit for bit on every backend that runs here, from
-  one row to B = 1,048,576, through both launch plans of the GPU kernels (one block / one
-  program up to 65,536 rows, the multi-launch radix select above), with exact ties that straddle
+  one row to B = 1,048,576, through both launch plans of the GPU kernels (CUDA: one block up to
+  16,384 rows, three launches above; Triton: one program up to 4,096 rows, the grid plan above),
+  with exact ties that straddle
   the blocks' tiles, noise, and quotas from 1 to B.
 * The work is linear in B, counted, not timed: the CUDA kernels under the emulator count their
   reads of per-row input (LZE_COUNT_ROW_READS) and the Triton interpreter its loaded elements;
