@@ -3,6 +3,7 @@ built from it (tools/test_times.py): stage table, slowest tests, and a file over
 the budget failing the run."""
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -170,3 +171,40 @@ def test_the_costliest_files_are_scheduled_first_then_slow_files_then_the_rest(m
     assert [i.nodeid for i in items] == [
         "tests/test_big.py::a", "tests/test_big.py::b", "tests/test_mid.py::a",
         "tests/test_mid.py::b", "tests/test_slow.py::a", "tests/test_small.py::a"]
+
+
+COMPILE_CACHES = {"TRITON_CACHE_DIR": "triton", "TORCHINDUCTOR_CACHE_DIR": "inductor",
+                  "VLLM_CACHE_ROOT": "vllm", "HF_DATASETS_CACHE": "datasets"}
+
+
+def _make_test_variables() -> dict[str, str]:
+    """The variables the Makefile sets for its `test` target (make's database, nothing run)."""
+    database = subprocess.run(["make", "-p", "-n", "-q", "--eval", "probe:", "probe"], cwd=ROOT,
+                              capture_output=True, text=True).stdout
+    pairs = (line.removeprefix("test: ").split(" := ", 1) for line in database.splitlines()
+             if line.startswith("test: ") and " := " in line)
+    return dict(pairs)
+
+
+def test_make_test_compiles_from_empty_caches_that_the_libraries_read():
+    """A cache kept between runs (CI keeps ~/.triton) shrinks the files that compile and so moves
+    every other file's share of its suite: `make test` empties and uses caches of its own, under
+    the names the installed Triton, Inductor, vLLM and datasets read."""
+    caches = ROOT / ".test-caches"
+    variables = _make_test_variables()
+    assert {name: variables.get(name) for name in COMPILE_CACHES} == {
+        name: str(caches / folder) for name, folder in COMPILE_CACHES.items()}
+    dry = subprocess.run(["make", "-n", "test"], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout
+    assert dry.splitlines()[0].startswith(f"rm -rf {ROOT / '.test-times'} {caches} ")
+    probe = textwrap.dedent("""
+        from triton import knobs
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+        import vllm.envs, datasets.config
+        print(knobs.cache.dir, cache_dir(), vllm.envs.VLLM_CACHE_ROOT,
+              datasets.config.HF_DATASETS_CACHE)
+    """)
+    env = {**os.environ, **{name: variables[name] for name in COMPILE_CACHES}}
+    read = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True,
+                          check=True).stdout.split()
+    assert read == [variables[name] for name in COMPILE_CACHES]
