@@ -209,8 +209,8 @@ def test_make_test_compiles_from_empty_caches_that_the_libraries_read():
     variables = _make_test_variables()
     assert {name: variables.get(name) for name in COMPILE_CACHES} == {
         name: str(caches / folder) for name, folder in COMPILE_CACHES.items()}
-    dry = subprocess.run(["make", "-n", "test"], cwd=ROOT, capture_output=True, text=True,
-                         check=True).stdout
+    dry = subprocess.run(["make", "--no-print-directory", "-n", "test"], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout
     assert dry.splitlines()[0].startswith(f"rm -rf {ROOT / '.test-times'} {caches} ")
     probe = textwrap.dedent("""
         from triton import knobs
