@@ -1,5 +1,6 @@
 """Turn the pytest-benchmark JSON of test_bench_step.py into a page of medians and ratios (each
-named by its baseline, the strongest measured first) and a plot of time against B, and fold in the per-kernel resources the GPU suites write.
+named by its baseline, the strongest measured first) and a plot of time against B, and fold in
+the per-kernel resources the GPU suites write.
 
 Usage: python benchmarks/report.py benchmarks/results/benchmarks.json [--name summary]
 (writes results/<name>.md and results/<name>.png; docs/benchmarks.md renders step_cpu.md)
