@@ -35,7 +35,7 @@ SOURCES := pyproject.toml setup.py CMakeLists.txt $(shell find csrc -type f 2>/d
 NPROC ?= 2
 ARGS ?=
 
-.PHONY: setup lock build demo test test-verl study bench test-gpu-emulated setup-gpu test-gpu gpu-wheels clean
+.PHONY: setup lock build demo test test-times test-verl study bench test-gpu-emulated setup-gpu test-gpu gpu-wheels clean
 
 setup: $(VENV)/.deps-$(PIN_SET) build
 
@@ -76,15 +76,16 @@ demo: setup
 
 # The suites run on TEST_WORKERS pytest-xdist workers (tests/scheduling_plugin.py); each stage's
 # wall time and each test's wall and CPU time go to .test-times/, and the report at the end
-# (tools/test_times.py) prints the stage table and the 25 slowest tests, and fails when a test
-# file takes more than its share (tests/time_budgets.json; docs/testing.md).
+# (tools/test_times.py) prints the stage table, the 25 slowest tests and a warning for each stage
+# or file over its budget (tests/time_budgets.json; docs/testing.md). It never fails the run: the
+# verdict is the tests'. `make test-times` judges the last run's files against their shares.
 TEST_WORKERS ?= 2
 TEST_TIMES := $(abspath .test-times)
 MARK := $(PYTHON) tools/test_times.py mark
 PYTEST_PARALLEL = -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 test: export LZE_STAGE_TIMES := $(TEST_TIMES)/stages.tsv
 test: export LZE_TEST_TIMES := $(TEST_TIMES)/tests
-# Every make test compiles from empty caches, so that each file's share of its suite (the guard)
+# Every make test compiles from empty caches, so that each file's share of its suite (the report)
 # is the same on every machine: CI keeps ~/.triton between runs, and there the warm ahead-of-time
 # compiles (3 CPU s instead of 47) made the Triton suite's two other files look 3x their share.
 TEST_CACHES := $(abspath .test-caches)
@@ -107,6 +108,11 @@ test:
 	@$(MARK) end "make test"
 	$(PYTHON) tools/test_times.py report --stages $(LZE_STAGE_TIMES) --tests $(LZE_TEST_TIMES) \
 		--budgets tests/time_budgets.json --json $(TEST_TIMES)/summary.json
+
+# The developers' budget check on the last make test's records: fails when a test file's part of
+# its suite's CPU seconds passes check_tolerance x its share (machines up to that factor apart).
+test-times:
+	$(PYTHON) tools/test_times.py check --tests $(TEST_TIMES)/tests --budgets tests/time_budgets.json
 
 # verl 0.9.1 in a venv of its own (it needs transformers < 5.11, the trainer's set has 5.19):
 # the pinned verl set (requirements/constraints-verl.txt), this package built into it without the

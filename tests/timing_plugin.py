@@ -1,4 +1,4 @@
-"""Per-test time record for `make test`'s report and time guard (tools/test_times.py).
+"""Per-test time record for `make test`'s report and `make test-times` (tools/test_times.py).
 
 With ``LZE_TEST_TIMES`` set to a folder, every test appends one JSON line to
 ``<folder>/<suite>-<worker>.jsonl`` (one file per pytest-xdist worker, so no two processes write
@@ -6,7 +6,7 @@ the same file): its node id, outcome (passed, skipped or failed), and wall secon
 seconds of setup, call and teardown together.
 CPU time is the process's own (all threads) plus that of the child processes it waited for
 (torchrun ranks, compilers, Ray's processes once shut down): unlike wall time it hardly moves
-when other work shares the cores, so the guard gives the same verdict on a busy machine.
+when other work shares the cores, so a file's share of its suite reads alike on a busy machine.
 ``LZE_TEST_SUITE`` names the suite (main, triton, verl). Unset, nothing is recorded.
 """
 
