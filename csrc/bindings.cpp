@@ -21,9 +21,7 @@
 #endif
 
 #if defined(LZE_CUDA_EMULATION)
-extern "C" uint64_t lze_emu_take_row_reads();  // csrc/emu/emu_kernels.cpp
-extern "C" uint64_t lze_emu_take_launches();
-extern "C" void lze_emu_take_state_sectors(uint64_t* accesses, uint64_t* sectors);
+#include "emu/emu_bindings.h"
 #endif
 
 namespace py = pybind11;
@@ -36,19 +34,15 @@ T* as_ptr(std::uintptr_t address) {
 }
 
 // The launchers' last argument: the CPU kernels' thread budget, as a (max_threads, adaptive)
-// tuple, or the CUDA stream.
+// tuple, or the CUDA (stream, device) of the tensors.
 #if defined(LZE_BIND_CPU)
 using LaunchArg = std::pair<int32_t, bool>;
-#define LZE_STEP lze_step_cpu
-#define LZE_SELECT_STEP lze_select_step_cpu
 lze::ThreadBudget launch_arg(LaunchArg budget) {
   return lze::ThreadBudget{budget.first, budget.second ? 1 : 0};
 }
 #else
-using LaunchArg = std::uintptr_t;
-#define LZE_STEP lze_step_cuda
-#define LZE_SELECT_STEP lze_select_step_cuda
-void* launch_arg(LaunchArg stream) { return as_ptr<void>(stream); }
+using LaunchArg = std::pair<std::uintptr_t, int32_t>;
+using lze::cuda_select::TopkPlan;
 #endif
 
 lze::Params make_params(float beta, float one_minus_beta, float d_min, float alpha, float eps,
@@ -64,11 +58,19 @@ int step(std::uintptr_t rewards, int32_t rewards_dtype, std::uintptr_t valid,
          int32_t prune_after, LaunchArg launch) {
   const lze::Params params =
       make_params(beta, one_minus_beta, d_min, alpha, eps, norm_by_std, prune_after);
-  return LZE_STEP(as_ptr<const void>(rewards), rewards_dtype, as_ptr<const uint8_t>(valid),
-                  as_ptr<const int64_t>(prompt_ids), B, G, N, as_ptr<int32_t>(records),
-                  as_ptr<int64_t>(step_counter), as_ptr<float>(advantages),
-                  as_ptr<float>(pass_rate), as_ptr<float>(energy), as_ptr<float>(momentum),
-                  as_ptr<int32_t>(fault), params, launch_arg(launch));
+#if defined(LZE_BIND_CPU)
+  return lze_step_cpu(as_ptr<const void>(rewards), rewards_dtype, as_ptr<const uint8_t>(valid),
+                      as_ptr<const int64_t>(prompt_ids), B, G, N, as_ptr<int32_t>(records),
+                      as_ptr<int64_t>(step_counter), as_ptr<float>(advantages),
+                      as_ptr<float>(pass_rate), as_ptr<float>(energy), as_ptr<float>(momentum),
+                      as_ptr<int32_t>(fault), params, launch_arg(launch));
+#else
+  return lze_step_cuda(as_ptr<const void>(rewards), rewards_dtype, as_ptr<const uint8_t>(valid),
+                       as_ptr<const int64_t>(prompt_ids), B, G, N, as_ptr<int32_t>(records),
+                       as_ptr<int64_t>(step_counter), as_ptr<float>(advantages),
+                       as_ptr<float>(pass_rate), as_ptr<float>(energy), as_ptr<float>(momentum),
+                       as_ptr<int32_t>(fault), params, launch.second, as_ptr<void>(launch.first));
+#endif
 }
 
 #if defined(LZE_BIND_CPU)
@@ -83,29 +85,50 @@ int topk(std::uintptr_t energy, int64_t B, int64_t k, float noise_scale, uint32_
 #else
 int topk(std::uintptr_t energy, int64_t B, int64_t k, float noise_scale, uint32_t seed,
          std::uintptr_t step_counter, std::uintptr_t keep_mask, std::uintptr_t kept_indices,
-         std::uintptr_t num_kept, std::uintptr_t workspace, LaunchArg launch) {
+         std::uintptr_t num_kept, std::uintptr_t workspace, const TopkPlan& plan,
+         LaunchArg launch) {
   return lze_topk_cuda(as_ptr<const float>(energy), B, k, noise_scale, seed,
                        as_ptr<const int64_t>(step_counter), as_ptr<uint8_t>(keep_mask),
                        as_ptr<int64_t>(kept_indices), as_ptr<int64_t>(num_kept),
-                       as_ptr<void>(workspace), launch_arg(launch));
+                       as_ptr<void>(workspace), &plan, launch.second, as_ptr<void>(launch.first));
+}
+
+// (status, plan) of a top-k over B rows on `device` (lze_topk_cuda_plan).
+std::pair<int, TopkPlan> plan_topk(int64_t B, int32_t device) {
+  TopkPlan plan{};
+  const int status = lze_topk_cuda_plan(B, device, &plan);
+  return {status, plan};
+}
+
+std::pair<int, lze::cuda_select::DeviceShape> device_shape(int32_t device) {
+  lze::cuda_select::DeviceShape shape{};
+  const int status = lze_cuda_device_shape(device, &shape);
+  return {status, shape};
 }
 #endif
 
 // A selection step's arguments that stay put from step to step (the state, the outputs, the
-// workspace, the parameters), held on the C++ side so that a step passes only what changes: the
-// inputs, the undo buffer and the stream or thread budget (lze_kernels/native.py: StepPlan).
+// workspace, the parameters, the CUDA plan), held on the C++ side so that a step passes only what
+// changes: the inputs, the undo buffer and the stream or thread budget (lze_kernels/runners.py).
 struct SelectStepCall {
   lze::SelectStep call{};
+#if defined(LZE_BIND_CUDA)
+  TopkPlan plan{};
+#endif
 
   int run(std::uintptr_t rewards, int32_t rewards_dtype, std::uintptr_t valid,
-          std::uintptr_t prompt_ids, std::uintptr_t undo, LaunchArg launch) {
+          std::uintptr_t prompt_ids, std::uintptr_t undo, LaunchArg launch) const {
     lze::SelectStep s = call;
     s.rewards = as_ptr<const void>(rewards);
     s.rewards_dtype = rewards_dtype;
     s.valid = as_ptr<const uint8_t>(valid);
     s.prompt_ids = as_ptr<const int64_t>(prompt_ids);
     s.undo = as_ptr<int32_t>(undo);
-    return LZE_SELECT_STEP(&s, launch_arg(launch));
+#if defined(LZE_BIND_CPU)
+    return lze_select_step_cpu(&s, launch_arg(launch));
+#else
+    return lze_select_step_cuda(&s, &plan, launch.second, as_ptr<void>(launch.first));
+#endif
   }
 };
 
@@ -118,8 +141,15 @@ SelectStepCall make_select_step(int64_t B, int64_t G, int64_t N, int64_t k,
                                 std::uintptr_t num_kept, std::uintptr_t workspace, float beta,
                                 float one_minus_beta, float d_min, float alpha, float eps,
                                 bool norm_by_std, int32_t prune_after, float noise_scale,
-                                uint32_t seed) {
+                                uint32_t seed
+#if defined(LZE_BIND_CUDA)
+                                , const TopkPlan& plan
+#endif
+                                ) {
   SelectStepCall c;
+#if defined(LZE_BIND_CUDA)
+  c.plan = plan;
+#endif
   lze::SelectStep& s = c.call;
   s.B = B, s.G = G, s.N = N, s.k = k;
   s.records = as_ptr<int32_t>(records);
@@ -149,25 +179,17 @@ int predict(std::uintptr_t queries, std::uintptr_t refs, std::uintptr_t labels, 
 }
 #endif
 
-// The address kernels use for host memory: under CUDA, the device pointer of pinned host memory
-// (cudaHostGetDevicePointer, else the device pointer cudaPointerGetAttributes reports, else the
-// address itself: with unified addressing, memory from cudaHostAlloc, as torch's pinned memory
-// is, is reached at its host address); elsewhere the address itself.
+// The address kernels use for host memory: under CUDA (and the emulator), the device pointer of
+// pinned, mapped host memory (cudaHostGetDevicePointer), or 0 when the memory is not that (a
+// kernel must never store to pageable host memory); for the CPU kernels the address itself.
 std::uintptr_t mapped_pointer(std::uintptr_t host) {
-#if defined(LZE_BIND_CUDA) && !defined(LZE_CUDA_EMULATION)
+#if defined(LZE_BIND_CUDA)
   void* device = nullptr;
-  if (cudaHostGetDevicePointer(&device, as_ptr<void>(host), 0) == cudaSuccess &&
-      device != nullptr) {
+  if (cudaHostGetDevicePointer(&device, as_ptr<void>(host), 0) == cudaSuccess) {
     return reinterpret_cast<std::uintptr_t>(device);
   }
   cudaGetLastError();  // not sticky: clear it for the next launch's check
-  cudaPointerAttributes attributes{};
-  if (cudaPointerGetAttributes(&attributes, as_ptr<void>(host)) == cudaSuccess &&
-      attributes.devicePointer != nullptr) {
-    return reinterpret_cast<std::uintptr_t>(attributes.devicePointer);
-  }
-  cudaGetLastError();
-  return host;
+  return 0;
 #else
   return host;
 #endif
@@ -190,22 +212,36 @@ PYBIND11_MODULE(LZE_MODULE_NAME, m) {
   m.def("mapped_pointer", &mapped_pointer,
         "The address kernels use for a host buffer (CUDA: its mapped device pointer, or 0).");
 #if defined(LZE_BIND_CUDA)
+  using lze::cuda_select::DeviceShape;
+  py::class_<TopkPlan>(m, "TopkPlan", py::module_local(),
+                       "A top-k's launch plan on one device (selection_plan.h).")
+      .def_readonly("B", &TopkPlan::B)
+      .def_readonly("one_block", &TopkPlan::one_block)
+      .def_readonly("passes", &TopkPlan::passes)
+      .def_readonly("blocks", &TopkPlan::blocks)
+      .def_readonly("tile_rows", &TopkPlan::tile_rows)
+      .def_readonly("shared_bytes", &TopkPlan::shared_bytes)
+      .def_readonly("launches", &TopkPlan::launches);
+  py::class_<DeviceShape>(m, "DeviceShape", py::module_local(),
+                          "What a device offers the top-k (selection_plan.h).")
+      .def_readonly("sms", &DeviceShape::sms)
+      .def_readonly("shared_optin", &DeviceShape::shared_optin)
+      .def_readonly("one_block_max_rows", &DeviceShape::one_block_max_rows)
+      .def_readonly("passes", &DeviceShape::passes);
+  m.attr("NO_PLAN") = LZE_CUDA_NO_PLAN;
+  m.def("plan_topk", &plan_topk, py::call_guard<py::gil_scoped_release>(),
+        "(status, plan) of a top-k over B rows on a device, its opt-ins made (NO_PLAN: none fits).");
+  m.def("device_shape", &device_shape, py::call_guard<py::gil_scoped_release>(),
+        "(status, shape): what a device offers the top-k.");
   m.def("topk_workspace_bytes", &lze_topk_cuda_workspace_bytes,
-        "Bytes of the device workspace topk needs for a batch of B rows (0: none).");
+        "Bytes of the device workspace a top-k by this plan needs (0: none).");
   m.def("select_step_workspace_bytes", &lze_select_step_cuda_workspace_bytes,
-        "Bytes of the device workspace a selection step over (B, G) needs.");
+        "Bytes of the device workspace a selection step by this plan over G rollouts needs.");
   m.def("select_step_launches", &lze_select_step_cuda_launches,
-        "Kernel launches of one selection step of B rows (with_undo: a checked step's copy).");
+        "Kernel launches of one selection step by this plan (with_undo: a checked step's copy).");
 #endif
 #if defined(LZE_CUDA_EMULATION)
-  m.def("row_reads", &lze_emu_take_row_reads,
-        "Reads of per-row input the kernels counted since the last call (then reset to 0).");
-  m.def("launches", &lze_emu_take_launches, "Kernel launches since the last call.");
-  m.def("state_sectors", [] {
-    uint64_t accesses = 0, sectors = 0;
-    lze_emu_take_state_sectors(&accesses, &sectors);
-    return std::make_pair(accesses, sectors);
-  }, "(accesses to the per-prompt state, distinct 32-byte sectors touched) since the last call.");
+  bind_emulator(m);
 #endif
 #if defined(LZE_BIND_CPU)
   m.def("predict", &predict, py::call_guard<py::gil_scoped_release>(),

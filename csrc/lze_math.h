@@ -232,9 +232,19 @@ LZE_HD float standard_gumbel(float u) {
   return static_cast<float>(-log_nonnegative(-log_nonnegative(static_cast<double>(u))));
 }
 
+// The GPU's canonical NaN (0x7fffffff) for a NaN: x86 makes 0xffc00000, which orders below
+// every score where the GPU's orders above, so every backend forms NaN scores with the GPU's
+// bits (a score is NaN when an energy is +inf and noise is on).
+LZE_HD float canonical_nan(float x) {
+  if (x == x) return x;
+  union { uint32_t u; float f; } v;
+  v.u = 0x7fffffffu;
+  return v.f;
+}
+
 // Exploration score s = E + c * g of a candidate with standard Gumbel draw g (docs/spec.md §4).
 LZE_HD float score_with_draw(float e, float gumbel_scale, float draw) {
-  return e + gumbel_scale * draw;
+  return canonical_nan(e + gumbel_scale * draw);
 }
 
 // The score of batch row `row` in the noise stream keyed by (seed, step); c = 0 is no noise.

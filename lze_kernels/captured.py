@@ -11,12 +11,17 @@ overwrites.
         step.valid.copy_(valid)
         out = step.replay()        # the same StepOutput object and tensors, new values
 
-A replay is one graph launch: the step's two to four kernels with no host work between them
+A replay is one graph launch: the step's two to five kernels with no host work between them
 (docs/kernels.md, "Captured steps"). The default value check keeps working: the step kernel
 copies the fault word into host-mapped memory at every replay, and ``replay()`` raises what an
 earlier replay found before it launches, as ``LZESelector.step`` does (``check_inputs=True``
-cannot be captured: it synchronises). On a CPU there is no graph: ``replay()`` runs the step on
-the static inputs and copies its outputs into the static ones, so the same code runs anywhere.
+cannot be captured: it synchronises). Faults of steps before the capture are raised by
+``capture_step`` itself, before it captures (a capture records its work without running it: a
+fault word cleared inside it would stay set). The graph keeps its selector (its state, its
+fault word's host memory, its workspace) alive as long as the graph lives, ``step.graph`` held
+alone included. The emulated CUDA backend captures in the emulator's graphs. On a CPU there is
+no graph: ``replay()`` runs the step on the static inputs and copies its outputs into the static
+ones, so the same code runs anywhere.
 """
 
 from __future__ import annotations
@@ -33,7 +38,8 @@ class CapturedStep:
 
     def __init__(self, selector, rewards: torch.Tensor, prompt_ids: torch.Tensor,
                  valid: Optional[torch.Tensor], check_inputs: Optional[bool], sorted: bool):
-        if check_inputs is True and selector.device.type == "cuda":
+        runtime = selector._runtime
+        if check_inputs is True and runtime.supports_graphs:
             raise ValueError("check_inputs: expected None or False for a captured step (True "
                              "reads the fault word after the step: a host sync, which a CUDA "
                              "graph cannot hold), got True")
@@ -42,12 +48,15 @@ class CapturedStep:
         self.rewards = rewards.clone()
         self.prompt_ids = prompt_ids.clone()
         self.valid = None if valid is None else valid.clone()
-        self._graph: Optional[torch.cuda.CUDAGraph] = None
-        if selector.device.type == "cuda":
-            first = self._run_on_a_side_stream()
-            self._graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self._graph):
+        self._graph = None
+        if runtime.supports_graphs:
+            selector.raise_if_faulted()  # earlier steps' faults: raised now, not in the capture
+            first = self._warm_up()
+            selector.raise_if_faulted()
+            self._graph = runtime.new_graph()
+            with runtime.capture(self._graph):
                 self.output = self._run()
+            self._graph._lze_selector = selector  # the graph writes its state and fault word
             self._copy_output(first)
         else:
             first = self._run()
@@ -55,31 +64,40 @@ class CapturedStep:
                 f.name: getattr(first, f.name).clone() for f in dataclasses.fields(first)})
 
     @property
-    def graph(self) -> Optional[torch.cuda.CUDAGraph]:
-        """The captured ``torch.cuda.CUDAGraph`` (None on a CPU)."""
+    def graph(self):
+        """The captured ``torch.cuda.CUDAGraph`` (the emulator's graph on the emulated backend;
+        None on a CPU)."""
         return self._graph
 
     def replay(self):
         """The step on the static inputs' current contents; returns ``output``. Raises the
-        faults an earlier replay recorded (default check) before launching."""
+        faults an earlier replay recorded (default check) before launching; a replay on
+        another stream than the selector's steps raises ``ValueError``."""
         if self._graph is None:
             self._copy_output(self._run())
             return self.output
-        self._selector._raise_arrived_faults()
-        self._graph.replay()
+        selector = self._selector
+        with selector._lock:
+            selector._claim_stream()
+            selector._raise_arrived_faults()
+            self._graph.replay()
         return self.output
 
     def _run(self):
         return self._selector.step(self.rewards, self.prompt_ids, self.valid, **self._options)
 
-    def _run_on_a_side_stream(self):
-        """The first step, on a side stream as torch's CUDA graph warm-up asks: it also
-        compiles and loads every kernel the capture will record (Triton's JIT)."""
-        side = torch.cuda.Stream(self._selector.device)
-        side.wait_stream(torch.cuda.current_stream(self._selector.device))
+    def _warm_up(self):
+        """The first step; on a GPU on a side stream, as torch's CUDA graph warm-up asks: it
+        also compiles and loads every kernel the capture will record (Triton's JIT)."""
+        selector = self._selector
+        if selector.device.type != "cuda":
+            return self._run()
+        side = torch.cuda.Stream(selector.device)
+        side.wait_stream(torch.cuda.current_stream(selector.device))
         with torch.cuda.stream(side):
+            selector.use_current_stream()
             first = self._run()
-        torch.cuda.current_stream(self._selector.device).wait_stream(side)
+        selector.use_current_stream()  # the current stream, ordered after the side one
         return first
 
     def _copy_output(self, step_output) -> None:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from . import native, reference, runners
+from . import native, reference, runners, runtime
 
 NAMES = ("auto", "torch", "triton", "cuda", "cpu", "cuda_emulated")
 
@@ -43,6 +43,10 @@ class TorchBackend:
         return True
 
     @staticmethod
+    def runtime(device) -> runtime.HostRuntime:
+        return runtime.for_device(device)
+
+    @staticmethod
     def step(rewards, valid, prompt_ids, state, params, fault_mirror=None):
         stats = reference.lze_step(rewards, valid, prompt_ids, state, params)
         if fault_mirror is not None:  # host memory: on a GPU a copy behind the step
@@ -53,7 +57,7 @@ class TorchBackend:
     def topk(energy, k, noise_scale, seed, step_counter):
         return reference.topk_select(energy, k, noise_scale, seed, step_counter[0])
 
-    def runner(self, state, params, selection, faults):
+    def runner(self, state, params, selection, faults, pool_outputs=True):
         return runners.OpsRunner(self, state, params, selection, faults)
 
     @staticmethod
@@ -89,12 +93,16 @@ class TritonBackend:
         return "triton cannot be imported (pip install triton)"
 
     @staticmethod
+    def runtime(device) -> runtime.HostRuntime:
+        return runtime.for_device(device)
+
+    @staticmethod
     def step(rewards, valid, prompt_ids, state, params, fault_mirror=None):
         return importlib.import_module("lze_kernels.triton_kernels").step(
             rewards, valid, prompt_ids, state, params, fault_mirror
         )
 
-    def runner(self, state, params, selection, faults):
+    def runner(self, state, params, selection, faults, pool_outputs=True):
         return runners.OpsRunner(self, state, params, selection, faults)
 
     @staticmethod
@@ -131,8 +139,12 @@ class _Native:
     def available(self) -> bool:
         return self._backend.available()
 
-    def runner(self, state, params, selection, faults):
-        return runners.NativeRunner(self._backend, state, params, selection, faults)
+    def runtime(self, device) -> runtime.HostRuntime:
+        return self._backend.runtime
+
+    def runner(self, state, params, selection, faults, pool_outputs=True):
+        return runners.NativeRunner(self._backend, state, params, selection, faults,
+                                    pool_outputs)
 
 
 BACKENDS = {

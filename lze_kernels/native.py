@@ -13,47 +13,21 @@ prediction), where the module has a ``predict`` function (only ``_lze_cpu`` so f
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import os
-from pathlib import Path
 from typing import Optional
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
+from . import emulated, runtime, validation
 from . import layout as L
+from .extensions import load_module
 from .layout import KernelParams, SelectorState
 from .reference import Selection, StepStats
 
 Tensor = torch.Tensor
 _STATE_ARGS = ("records", "step_counter", "fault")
-
-
-def load_module(name: str):
-    """The compiled module ``lze_kernels.<name>``; ImportError when it was not built.
-
-    ``LZE_EXTENSION_DIR`` points at another build of the modules to load instead (e.g. the
-    coverage-instrumented build of tools/emu_gcov.sh)."""
-    override = os.environ.get("LZE_EXTENSION_DIR")
-    if override:
-        return _load_from(Path(override), name)
-    return importlib.import_module(f"lze_kernels.{name}")
-
-
-def _load_from(directory: Path, name: str):
-    candidates = sorted(directory.glob(f"{name}.*.so")) + sorted(directory.glob(f"{name}.so"))
-    if not candidates:
-        raise ImportError(f"LZE_EXTENSION_DIR={directory} holds no {name} module")
-    spec = importlib.util.spec_from_file_location(f"lze_kernels.{name}", candidates[0])
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _no_stream(device: torch.device) -> int:
-    return 0
 
 
 def cpu_thread_budget(device: Optional[torch.device] = None) -> tuple[int, bool]:
@@ -71,15 +45,11 @@ def cpu_thread_budget(device: Optional[torch.device] = None) -> tuple[int, bool]
     return int(value), False
 
 
-# The raw cudaStream_t of the current stream, as inductor's generated code reads it: a fraction
-# of torch.cuda.current_stream(device).cuda_stream's host time, which builds a Stream object.
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-
-
-def _cuda_stream(device: torch.device) -> int:
-    if _raw_stream is None:
-        return torch.cuda.current_stream(device).cuda_stream
-    return _raw_stream(torch.cuda.current_device() if device.index is None else device.index)
+def cuda_launch_arg(device: torch.device) -> tuple[int, int]:
+    """(stream, device index) of a launch on ``device``: its current stream, and the device the
+    call makes current for itself (the tensors' device, which need not be torch's current one)."""
+    index = torch.cuda.current_device() if device.index is None else device.index
+    return runtime.CUDA.stream(device), index
 
 
 def _check_status(status: int, what: str) -> None:
@@ -89,14 +59,17 @@ def _check_status(status: int, what: str) -> None:
 
 
 class NativeBackend:
-    """A compiled module exposed as two torch custom ops with fake implementations."""
+    """A compiled module exposed as torch custom ops with fake implementations. ``launch_arg``
+    gives the launchers' last argument from the device (the CPU threads, or the CUDA (stream,
+    device)); ``runtime`` orders the host's work around the module's (lze_kernels/runtime.py)."""
 
-    def __init__(self, name: str, module_name: str, device_type: str, launch_arg=_no_stream):
+    def __init__(self, name: str, module_name: str, device_type: str, launch_arg,
+                 host_runtime: runtime.HostRuntime):
         self.name = name
         self.module_name = module_name
         self.device_type = device_type
-        # The launchers' last argument, from the device: the CUDA stream, or the CPU threads.
         self._launch_arg = launch_arg
+        self.runtime = host_runtime
         self._module = None
         self._import_error: Optional[ImportError] = None
         self._launch_errors: dict[str, Optional[str]] = {}  # device -> probe result
@@ -170,14 +143,38 @@ class NativeBackend:
 
     def kernel_address(self, host: Tensor) -> int:
         """The address the kernels write a host buffer through: under CUDA the device pointer
-        of pinned, mapped memory (``cudaHostGetDevicePointer``), elsewhere its own address."""
+        of pinned, mapped memory (``cudaHostGetDevicePointer``), elsewhere its own address.
+        Memory the device cannot address (pageable host memory) is refused, never passed on."""
         address = self.module.mapped_pointer(host.data_ptr())
         if address == 0:
             raise RuntimeError(f"lze_kernels: {self.name} cannot map the host buffer at "
-                               f"{host.data_ptr():#x} for the device (not pinned memory?)")
+                               f"{host.data_ptr():#x} for the device: it is not pinned, mapped "
+                               "memory (cudaHostGetDevicePointer refused it)")
         return address
 
+    def plan(self, batch: int, device: torch.device, argument: str):
+        """The CUDA module's launch plan of a top-k over ``batch`` rows on ``device``, its
+        opt-ins made (csrc/cuda/selection_plan.h); None for modules without plans. A batch no
+        plan fits on the device is refused here, before anything is queued."""
+        if not hasattr(self.module, "plan_topk"):
+            return None
+        index = self._launch_arg(device)[1]
+        status, plan = self.module.plan_topk(batch, index)
+        if status == self.module.NO_PLAN:
+            raise ValueError(self._no_plan_message(batch, index, argument))
+        _check_status(status, f"plan ({self.name})")
+        return plan
+
+    def _no_plan_message(self, batch: int, index: int, argument: str) -> str:
+        _, shape = self.module.device_shape(index)
+        return (f"{argument}: a selection over B = {batch} rows has no launch plan on device "
+                f"{index} with the {self.name} backend: the device allows "
+                f"{shape.shared_optin} bytes of shared memory a block, the one-block plan takes "
+                f"up to {shape.one_block_max_rows} rows and no histogram plan fits; "
+                "backend='triton' or backend='torch' runs it")
+
     def topk(self, energy, k: int, noise_scale: float, seed: int, step_counter) -> Selection:
+        self.plan(energy.shape[0], energy.device, "energy")  # a refusal, before the op
         keep_mask, kept, num_kept = _eager_or_op(self._topk_op, energy)(
             energy.contiguous(), k, noise_scale, seed, step_counter
         )
@@ -202,6 +199,7 @@ class NativeBackend:
             one_minus_beta: float, d_min: float, alpha: float, eps: float, norm_by_std: bool,
             prune_after: int,
         ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+            validation.check_records_alignment(records)  # before anything is written
             outputs = _empty_step_outputs(rewards)
             adv, pass_rate, energy, momentum = outputs
             batch, group = rewards.shape
@@ -213,6 +211,7 @@ class NativeBackend:
                 energy.data_ptr(), momentum.data_ptr(), fault.data_ptr(), beta, one_minus_beta,
                 d_min, alpha, eps, norm_by_std, prune_after, self._launch_arg(rewards.device),
             )
+            self.runtime.keep_alive(rewards, valid, prompt_ids)  # read by a queued launch
             _check_status(status, f"step ({self.name})")
             return outputs
 
@@ -231,13 +230,13 @@ class NativeBackend:
         ) -> tuple[Tensor, Tensor, Tensor]:
             outputs = _empty_topk_outputs(energy, k)
             keep_mask, kept, num_kept = outputs
-            workspace, workspace_args = self._topk_workspace(energy)  # held past the launches
+            workspace, workspace_args = self._topk_workspace(energy)
             status = self.module.topk(
                 energy.data_ptr(), energy.shape[0], k, noise_scale, seed,
                 step_counter.data_ptr(), keep_mask.data_ptr(), kept.data_ptr(),
                 num_kept.data_ptr(), *workspace_args, self._launch_arg(energy.device),
             )
-            del workspace
+            self.runtime.keep_alive(workspace, energy)  # read by launches still queued
             _check_status(status, f"topk ({self.name})")
             return outputs
 
@@ -249,18 +248,24 @@ class NativeBackend:
 
     def _topk_workspace(self, energy: Tensor) -> tuple[Optional[Tensor], tuple]:
         """The CUDA top-k's scratch buffer (csrc/cuda/lze_topk.cu) and the launcher's arguments
-        for it: (None, ()) for modules without one, (None, (0,)) for a launch plan that needs
-        none. Allocated per call from torch's caching allocator, so CUDA graphs capture it and
-        concurrent streams never share it; its contents need no initialisation. The caller
-        holds it until the launches are queued: once freed, the allocator hands the buffer out
-        again only behind them on this stream."""
-        if not hasattr(self.module, "topk_workspace_bytes"):
+        for it and its plan: (None, ()) for modules without one. Allocated per call from
+        torch's caching allocator, so CUDA graphs capture it and concurrent streams never share
+        it; its contents need no initialisation (the emulator's are poisoned). Once the caller
+        frees it, the allocator hands the buffer out again only behind the launches on this
+        stream (the emulator's runtime holds it until they have run)."""
+        plan = self.plan(energy.shape[0], energy.device, "energy")
+        if plan is None:
             return None, ()
-        nbytes = self.module.topk_workspace_bytes(energy.shape[0])
-        if nbytes == 0:
-            return None, (0,)
-        workspace = torch.empty(nbytes, dtype=torch.uint8, device=energy.device)
-        return workspace, (workspace.data_ptr(),)
+        workspace = self.empty_scratch(self.module.topk_workspace_bytes(plan), energy.device)
+        return workspace, (workspace.data_ptr() if workspace.numel() else 0, plan)
+
+    def empty_scratch(self, nbytes: int, device) -> Tensor:
+        """Uninitialised device bytes; poisoned under the emulator, so that a kernel reading
+        scratch it did not write fails there as it would on a GPU."""
+        scratch = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        if self.runtime is runtime.EMULATED:
+            scratch.fill_(0xA5)
+        return scratch
 
     def _define_select_step_op(self):
         @torch.library.custom_op(
@@ -275,17 +280,19 @@ class NativeBackend:
         ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
             outputs = empty_select_outputs(rewards, k)
             batch, group = rewards.shape
-            workspace = self.select_step_workspace(batch, group, rewards.device)
+            plan = self.plan(batch, rewards.device, "rewards")
+            workspace = self.select_step_workspace(plan, group, rewards.device)
             call = self.module.select_step(
                 batch, group, records.shape[0] - 1, k, records.data_ptr(),
                 step_counter.data_ptr(), fault.data_ptr(), fault_mirror,
                 *(t.data_ptr() for t in outputs), 0 if workspace is None else workspace.data_ptr(),
                 beta, one_minus_beta, d_min, alpha, eps, norm_by_std, prune_after, noise_scale,
-                seed)
+                seed, *(() if plan is None else (plan,)))
             status = call.run(rewards.data_ptr(), L.REWARD_DTYPE_CODES[rewards.dtype],
                               0 if valid is None else valid.data_ptr(), prompt_ids.data_ptr(), 0,
                               self._launch_arg(rewards.device))
-            del workspace  # held until the launches are queued (see _topk_workspace)
+            # read by launches still queued (see _topk_workspace)
+            self.runtime.keep_alive(workspace, rewards, valid, prompt_ids)
             _check_status(status, f"select_step ({self.name})")
             return outputs
 
@@ -295,13 +302,12 @@ class NativeBackend:
 
         return select_step_op
 
-    def select_step_workspace(self, batch: int, group: int, device) -> Optional[Tensor]:
-        """The CUDA selection step's scratch (csrc/cuda/selection_plan.h), from torch's caching
-        allocator; None for modules without one."""
-        if not hasattr(self.module, "select_step_workspace_bytes"):
+    def select_step_workspace(self, plan, group: int, device) -> Optional[Tensor]:
+        """The CUDA selection step's scratch by ``plan`` (csrc/cuda/selection_plan.h), from
+        torch's caching allocator; None for modules without one (``plan`` None)."""
+        if plan is None:
             return None
-        nbytes = self.module.select_step_workspace_bytes(batch, group)
-        return torch.empty(nbytes, dtype=torch.uint8, device=device)
+        return self.empty_scratch(self.module.select_step_workspace_bytes(plan, group), device)
 
     def _define_predict_op(self):
         @torch.library.custom_op(
@@ -374,7 +380,8 @@ def _empty_topk_outputs(energy: Tensor, k: int):
     )
 
 
-CPU = NativeBackend("cpu", "_lze_cpu", "cpu", launch_arg=cpu_thread_budget)
-CUDA = NativeBackend("cuda", "_lze_cuda", "cuda", launch_arg=_cuda_stream)
+CPU = NativeBackend("cpu", "_lze_cpu", "cpu", cpu_thread_budget, runtime.HOST)
+CUDA = NativeBackend("cuda", "_lze_cuda", "cuda", cuda_launch_arg, runtime.CUDA)
 # The CUDA kernel sources compiled with g++ against csrc/emu/cuda_emu.h: CPU tensors, CUDA code.
-CUDA_EMULATED = NativeBackend("cuda_emulated", "_lze_cuda_emu", "cpu")
+CUDA_EMULATED = NativeBackend("cuda_emulated", "_lze_cuda_emu", "cpu", emulated.launch_arg,
+                              runtime.EMULATED)

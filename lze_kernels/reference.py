@@ -272,7 +272,10 @@ def topk_select(
     ``kept_indices`` lists the kept rows in ascending batch position (docs/spec.md §4)."""
     step = _step_or_zero(step, energy.device)
     score = selection_scores(energy, noise_scale, seed, step)
-    best = torch.sort(score, descending=True, stable=True).indices[:k]
+    by_score = torch.sort(score, descending=True, stable=True).indices  # NaN first, as 0x7fffffff
+    # Candidates before the rest, even a candidate whose score is -inf (+inf energies with noise).
+    candidate_first = torch.sort((energy > 0)[by_score].int(), descending=True, stable=True)
+    best = by_score[candidate_first.indices][:k]
     num_kept = torch.clamp_max((energy > 0).sum(), k)
     in_quota = torch.arange(k, device=energy.device) < num_kept
     keep_mask = torch.zeros_like(energy, dtype=torch.bool).scatter(0, best, in_quota)

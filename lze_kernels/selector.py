@@ -9,6 +9,7 @@ splits a rollout budget across prompts (docs/spec.md §6).
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Optional
 
@@ -47,10 +48,17 @@ class LZESelector:
         device: where the state lives; inputs must be on the same device.
         backend: ``"auto" | "torch" | "triton" | "cuda" | "cpu"`` (``"cuda_emulated"`` runs the
             CUDA kernel sources on CPU threads, for tests). ``sel.backend`` tells which runs.
+        pool_outputs: on the compiled backends, reuse a step's output buffers once nothing
+            references them (lze_kernels/runners.py); ``False``: a fresh allocation a step, for
+            outputs read on other CUDA streams (``Tensor.record_stream`` then protects them).
+
+    A selector's steps run one at a time (a lock) on one stream: the first step's; a step on
+    another stream raises ``ValueError`` (two steps at once would share the state's scratch
+    and the output pool) unless :meth:`use_current_stream` moved it there.
     """
 
     def __init__(self, num_prompts: int, config: Optional[LZEConfig] = None,
-                 device="cpu", backend: str = "auto"):
+                 device="cpu", backend: str = "auto", pool_outputs: bool = True):
         if not isinstance(num_prompts, int) or num_prompts < 1:
             raise ValueError(f"num_prompts: expected an int >= 1, got {num_prompts!r}")
         self.config = config if config is not None else LZEConfig()
@@ -60,12 +68,16 @@ class LZESelector:
         # checked against it by equality).
         self.device = torch.empty(0, device=device).device
         self._backend = dispatch.resolve(backend, self.device)
+        self._runtime = self._backend.runtime(self.device)
         self._params = KernelParams.from_config(self.config)
         self._state = SelectorState.empty(num_prompts, self.device)
-        self._faults = FaultWord(self.device)
+        self._faults = FaultWord(self._runtime)
         # What runs a step: one native call on the compiled backends (lze_kernels.runners).
         self._runner = self._backend.runner(self._state, self._params,
-                                            SelectionConfig(self.config), self._faults)
+                                            SelectionConfig(self.config), self._faults,
+                                            pool_outputs)
+        self._lock = threading.Lock()
+        self._stream: Optional[int] = None  # of the steps so far
         self.epoch = 0
 
     @property
@@ -99,10 +111,11 @@ class LZESelector:
 
         * ``True``: right after the step, which it undoes (one host sync);
         * ``None`` (default): ``True`` on a CPU; on a GPU, without a sync, at the start of a
-          later step once the step that faulted has finished (that later step does not run), or
-          at :meth:`raise_if_faulted`. The step kernel writes the fault word into host-mapped
-          memory, so this check costs what ``False`` costs, and keeps working when the step is
-          captured in a CUDA graph (:meth:`capture_step`);
+          later step once the step that faulted has finished (that later step does not run: its
+          batch is not applied), or at :meth:`raise_if_faulted`. The step kernel writes the
+          fault word into host-mapped memory, so the check reads host memory instead of
+          synchronising (its cost on a GPU is measured by the GPU check, docs/gpu-check.md),
+          and keeps working when the step is captured in a CUDA graph (:meth:`capture_step`);
         * ``False``: only at :meth:`raise_if_faulted` or a later checked step.
 
         ``kept_indices`` lists the kept groups in ascending batch position; ``sorted=True``
@@ -115,22 +128,55 @@ class LZESelector:
         """
         validation.check_step_structure(rewards, prompt_ids, valid, self.device,
                                         self.num_prompts)
-        when = _check_time(check_inputs, self.device)
+        if torch.compiler.is_compiling():  # traced once into a graph: no host-side ordering
+            stats, selection = self._run(rewards, prompt_ids, valid, check_inputs)
+        else:
+            with self._lock:
+                self._claim_stream()
+                stats, selection = self._run(rewards, prompt_ids, valid, check_inputs)
+        if sorted:
+            self._runtime.before_host_access(self.device)
+            selection = reference.sort_by_score(selection, stats.energy, self.config.noise_scale,
+                                                self.config.seed, self._state.step_counter[0])
+        return StepOutput(*stats, *selection)
+
+    def _run(self, rewards, prompt_ids, valid, check_inputs):
+        when = _check_time(check_inputs, self._runtime, self.device)
         if when == "later":
             self._raise_arrived_faults()
         stats, selection = self._runner.run(rewards, valid, prompt_ids, keep_undo=when == "now")
         if when == "now":
             self._undo_and_raise_if_faulted()
-        if sorted:
-            selection = reference.sort_by_score(selection, stats.energy, self.config.noise_scale,
-                                                self.config.seed, self._state.step_counter[0])
-        return StepOutput(*stats, *selection)
+        return stats, selection
+
+    def _claim_stream(self) -> None:
+        """The steps' stream: the first step's; a step on another raises (a capture runs
+        nothing and is not checked: its replay is)."""
+        if self._runtime.capturing(self.device):
+            return
+        stream = self._runtime.stream(self.device)
+        if self._stream is None:
+            self._stream = stream
+        elif stream != self._stream:
+            raise ValueError(
+                f"stream: this selector's steps run on stream {self._stream:#x}, got a step on "
+                f"stream {stream:#x}: two steps at once would share the selector's state and "
+                "outputs. Step on one stream, or call use_current_stream() to move the selector "
+                "to the current stream (it orders it after the earlier steps)")
+
+    def use_current_stream(self) -> None:
+        """Moves the selector's steps to the current stream, ordered after its earlier steps
+        (the current stream waits for the stream they ran on)."""
+        with self._lock:
+            stream = self._runtime.stream(self.device)
+            if self._stream is not None and stream != self._stream:
+                self._runtime.order_after(self.device, self._stream)
+            self._stream = stream
 
     def _undo_and_raise_if_faulted(self) -> None:
         """A checked step's one host sync (none on a CPU): on a fault, restore the state as it
         was before the step, clear the fault word and raise."""
-        if self.device.type == "cuda":
-            torch.cuda.current_stream(self.device).synchronize()  # the mirror is then written
+        self._runtime.synchronize(self.device)  # the step has run: the mirror is written
         bits = self._faults.bits()
         if bits:
             self._runner.undo()
@@ -139,23 +185,34 @@ class LZESelector:
 
     def _raise_arrived_faults(self) -> None:
         """The default check on a GPU: raise what the fault word's host mirror says, if an
-        earlier step faulted (no sync while none did)."""
+        earlier step faulted (no sync while none did). The steps still queued copy the word
+        again, so they run before it is cleared; inside a graph capture nothing runs, so the
+        faults are raised and left recorded (capture_step raises them before capturing)."""
         bits = self._faults.bits()
-        if bits:
-            if self.device.type == "cuda" and not torch.cuda.is_current_stream_capturing():
-                # The steps still in flight copy the word again: let them finish first.
-                torch.cuda.current_stream(self.device).synchronize()
+        if not bits:
+            return
+        if not self._runtime.capturing(self.device):
+            self._runtime.synchronize(self.device)
+            bits = self._faults.bits()
             self._clear_faults()
-            validation.raise_for_faults(bits, self.num_prompts, found="later")
+        validation.raise_for_faults(bits, self.num_prompts, found="later")
 
     def _clear_faults(self) -> None:
-        self._state.fault.zero_()
+        """The device word zeroed behind the queued work, then the host's copy (once nothing
+        queued writes it: after a synchronisation)."""
+        self._runtime.zero_(self._state.fault)
         self._faults.clear()
 
     def raise_if_faulted(self) -> None:
-        """Raise (and clear) the faults that unchecked steps recorded on the device. Syncs."""
-        self._faults.clear()
-        validation.raise_if_faulted(self._state)
+        """Raise (and clear) the faults that unchecked steps recorded on the device. Waits for
+        the steps queued so far (a host sync)."""
+        with self._lock:
+            self._runtime.synchronize(self.device)
+            bits = int(self._state.fault[0])
+            if bits:
+                self._clear_faults()
+                validation.raise_for_faults(bits, self.num_prompts)
+            self._faults.clear()
 
     def capture_step(self, rewards: torch.Tensor, prompt_ids: torch.Tensor,
                      valid: Optional[torch.Tensor] = None, *,
@@ -173,6 +230,7 @@ class LZESelector:
     def rollout_mask(self, prompt_ids: torch.Tensor, *, check_inputs: bool = True) -> torch.Tensor:
         """[C] bool: which prompts get rollouts (not pruned, or drawn for replay; docs/spec.md §5)."""
         validation.check_prompt_ids_structure(prompt_ids, self.device)
+        self._runtime.before_host_access(self.device)
         if check_inputs:
             validation.check_prompt_id_values(prompt_ids, self.num_prompts, distinct=False)
         return reference.rollout_eligible(self._state, prompt_ids)
@@ -190,11 +248,13 @@ class LZESelector:
 
     def num_pruned(self) -> torch.Tensor:
         """0-dim int64 tensor: prompts currently pruned (replays included), for metrics."""
+        self._runtime.before_host_access(self.device)
         flags = self._state.istate[:self.num_prompts, L.FLAGS]
         return ((flags & L.FLAG_PRUNED) != 0).sum()
 
     def begin_epoch(self) -> None:
         """Draw this epoch's replays: each pruned prompt with probability ``replay_ratio``."""
+        self._runtime.before_host_access(self.device)
         reference.draw_replays(self._state, self.config.replay_ratio, self.config.seed,
                                self.epoch)
         self.epoch += 1
@@ -210,6 +270,7 @@ class LZESelector:
         if check_inputs:
             validation.check_prompt_id_values(prompt_ids, self.num_prompts, distinct=False)
         validation.check_rollout_budget(prompt_ids.shape[0], total, tau, n_min, n_max)
+        self._runtime.before_host_access(self.device)
         scores = reference.allocation_scores(self._state, prompt_ids, score)
         return reference.allocate_rollouts(scores, total, tau, n_min, n_max)
 
@@ -220,6 +281,7 @@ class LZESelector:
         noise stream), the epoch (which keys replay draws) and the config."""
         n = self.num_prompts
         contiguous = dict(memory_format=torch.contiguous_format)
+        self._runtime.before_host_access(self.device)
         return {
             "format": _FORMAT,
             "num_prompts": n,
@@ -234,22 +296,26 @@ class LZESelector:
         }
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """Restore :meth:`state_dict`. Everything is checked before anything is written."""
+        """Restore :meth:`state_dict`. Everything is checked before anything is written; the
+        steps queued so far run first (one host sync: they write the fault word's host copy)."""
         n = self.num_prompts
         _check_state_dict(state_dict, n, self.config)
-        self._state.fstate[:n].copy_(state_dict["fstate"])
-        self._state.istate[:n].copy_(state_dict["istate"])
-        self._state.step_counter.copy_(state_dict["step_counter"])
-        self._state.fault.copy_(state_dict["fault"])
-        self._faults.clear()
-        self.epoch = state_dict["epoch"]
+        with self._lock:
+            self._runtime.synchronize(self.device)
+            self._state.fstate[:n].copy_(state_dict["fstate"])
+            self._state.istate[:n].copy_(state_dict["istate"])
+            self._state.step_counter.copy_(state_dict["step_counter"])
+            self._state.fault.copy_(state_dict["fault"])
+            self._faults.set(int(state_dict["fault"][0]))  # as the next step would copy it
+            self.epoch = state_dict["epoch"]
 
 
-def _check_time(check_inputs: Optional[bool], device: torch.device) -> str:
+def _check_time(check_inputs: Optional[bool], host_runtime, device) -> str:
     """When a step's value faults raise: "now" (a host sync), "later" (a later step, no sync:
-    the default on a GPU) or "off"."""
+    the default where launches are asynchronous, a GPU, and in a graph capture) or "off"."""
     if check_inputs is None:
-        return "now" if device.type == "cpu" else "later"
+        deferred = host_runtime.asynchronous or host_runtime.capturing(device)
+        return "later" if deferred else "now"
     if not isinstance(check_inputs, bool):
         raise ValueError(f"check_inputs: expected True, False or None, got {check_inputs!r}")
     return "now" if check_inputs else "off"

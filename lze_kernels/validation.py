@@ -39,10 +39,14 @@ def check_tensor(x, name: str, dtypes, ndim: int, device: Optional[torch.device]
         _fail(name, f"a tensor on {device}", f"one on {x.device}")
 
 
+RECORD_ALIGNMENT = 16  # bytes: a record is read as two 16-byte vectors
+
+
 def check_state(state) -> None:
     """A :class:`~lze_kernels.layout.SelectorState` the kernels can index and write in place:
     ``records [N + 1, 8]`` int32 with N >= 1, ``step_counter [2]`` int64 and ``fault [1]``
-    int32, all contiguous and on one device (metadata only)."""
+    int32, all contiguous and on one device (metadata only; the compiled backends also check the
+    records' alignment, :func:`check_records_alignment`)."""
     if not isinstance(state, L.SelectorState):
         _fail("state", "a SelectorState (ops.new_state)", type(state).__name__)
     check_tensor(state.records, "state.records", (torch.int32,), 2, None)
@@ -58,6 +62,16 @@ def check_state(state) -> None:
             _fail(name, f"shape {shape}", f"shape {tuple(tensor.shape)}")
         if not tensor.is_contiguous():  # the kernels write it in place through its pointer
             _fail(name, "a contiguous tensor", "a strided view")
+
+
+def check_records_alignment(records: torch.Tensor) -> None:
+    """The records' data 16-byte aligned, as the kernels read and write a record as two 16-byte
+    vectors (a misaligned one is a "misaligned address" fault on a GPU, which ends the CUDA
+    context). Reads the address: called where the tensors have data (the ops' kernels' side)."""
+    misalignment = records.data_ptr() % RECORD_ALIGNMENT
+    if misalignment:
+        _fail("state.records", f"data aligned to {RECORD_ALIGNMENT} bytes (ops.new_state's "
+              "are)", f"an address {misalignment} bytes past it")
 
 
 def check_prompt_ids_structure(prompt_ids, device: torch.device, batch: Optional[int] = None):

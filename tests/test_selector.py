@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from conftest import advantage_error_bound, assert_within, binary_rewards, ragged_valid
-from lze_kernels import LZEConfig, LZESelector, available_backends, dispatch, native, ops
+from lze_kernels import LZEConfig, LZESelector, available_backends, dispatch, native, ops, runtime
+from lze_kernels import emulated
 from lze_kernels import layout as L
 from lze_kernels import selector as selector_module
 from lze_kernels.faults import FaultWord
@@ -265,31 +266,33 @@ def test_device_is_named_as_tensors_name_it():
     sel.step(torch.ones(1, 4), torch.tensor([3]))
 
 
-def test_default_check_on_a_gpu_raises_at_a_later_step(monkeypatch):
-    """The default on a GPU, run here with the CPU's immediate copy: a step with a bad id runs
-    without a sync, skips the bad row and applies the others; the next step raises before it
-    runs, naming the argument, and the one after proceeds."""
-    monkeypatch.setattr(selector_module, "_check_time",
-                        lambda check_inputs, device: "later" if check_inputs is None else "now")
-    sel = LZESelector(200, backend="cpu")
-    rewards, ids, valid = make_batch(seed=4)
-    ids[0] = 999
-    sel.step(rewards, ids, valid)  # no error yet
-    reference_sel = LZESelector(200, backend="cpu")
-    reference_sel.step(rewards[1:], ids[1:], valid[1:], check_inputs=False)
-    after_faulty = sel.state_dict()
-    assert torch.equal(after_faulty["fstate"], reference_sel.state_dict()["fstate"])
-    with pytest.raises(ValueError, match=r"expected every id in \[0, 200\) \(found by an "
-                                         r"earlier step"):
-        sel.step(*make_batch(seed=5))
-    for key in ("fstate", "istate", "step_counter"):  # the raising step did not run
-        assert torch.equal(sel.state_dict()[key], after_faulty[key]), key
-    sel.step(*make_batch(seed=5))
-    sel.raise_if_faulted()
+@pytest.mark.skipif("cuda_emulated" not in available_backends("cpu"), reason="no emulator")
+@pytest.mark.parametrize("mode", ["worker", "held"])
+def test_default_check_on_a_gpu_raises_at_a_later_step(mode):
+    """The default on a GPU, on the emulator with asynchronous launches: a step with a bad id
+    runs without a sync, skips the bad row and applies the others; the next step raises before
+    it runs, naming the argument, and the one after proceeds."""
+    with emulated.mode(mode):
+        sel = LZESelector(200, backend="cuda_emulated")
+        rewards, ids, valid = make_batch(seed=4)
+        ids[0] = 999
+        sel.step(rewards, ids, valid)  # no error yet
+        reference_sel = LZESelector(200, backend="cpu")
+        reference_sel.step(rewards[1:], ids[1:], valid[1:], check_inputs=False)
+        after_faulty = sel.state_dict()  # waits for the queued step
+        assert torch.equal(after_faulty["fstate"], reference_sel.state_dict()["fstate"])
+        later = make_batch(seed=5)
+        with pytest.raises(ValueError, match=r"expected every id in \[0, 200\) \(found by an "
+                                             r"earlier step"):
+            sel.step(*later)
+        for key in ("fstate", "istate", "step_counter"):  # the raising step did not run
+            assert torch.equal(sel.state_dict()[key], after_faulty[key]), key
+        sel.step(*later)
+        sel.raise_if_faulted()
 
 
 def test_fault_word_is_host_memory_the_kernels_write():
-    faults = FaultWord(torch.device("cpu"))
+    faults = FaultWord(runtime.HOST)
     assert faults.bits() == 0
     faults.tensor.fill_(5)  # what a step kernel's last block writes
     assert faults.bits() == 5
@@ -386,20 +389,27 @@ def test_a_step_is_one_native_call(backend, monkeypatch):
 
 
 @pytest.mark.skipif("cuda_emulated" not in available_backends("cpu"), reason="no emulator")
-@pytest.mark.parametrize("batch, launches", [(300, 2), (16384, 2), (16385, 4)])
-def test_a_cuda_step_is_two_launches_to_16384_rows_and_four_above(batch, launches):
+@pytest.mark.parametrize("arch", (80, 86, 89, 90))
+@pytest.mark.parametrize("batch", [300, 16384, 16385])
+def test_a_cuda_step_is_two_launches_to_16384_rows_and_a_launch_a_digit_and_the_write_above(
+        arch, batch):
     """The emulated CUDA module counts its kernel launches: the step kernel, then the one-block
-    top-k up to 16,384 rows or its three launches above; a checked step adds its undo copy."""
+    top-k up to 16,384 rows, or above a histogram launch a digit (two 16-bit digits where
+    128 KiB of counters fit a block, sm_80 and sm_90; three of 11, 11 and 10 bits on sm_86 and
+    sm_89) and the write; a checked step adds its undo copy."""
     module = native.CUDA_EMULATED.module
-    sel = LZESelector(2 * batch, backend="cuda_emulated")
-    gen = torch.Generator().manual_seed(batch)
-    rewards = binary_rewards(batch, 1, gen)
-    ids = torch.randperm(2 * batch, generator=gen)[:batch]
-    module.launches()  # reset
-    sel.step(rewards, ids, check_inputs=False)
-    assert module.launches() == launches == module.select_step_launches(batch, 0)
-    sel.step(rewards, (ids + 1) % (2 * batch), check_inputs=True)
-    assert module.launches() == launches + 1 == module.select_step_launches(batch, 1)
+    launches = 2 if batch <= 16384 else (4 if arch in (80, 90) else 5)
+    with emulated.architectures(arch):
+        sel = LZESelector(2 * batch, backend="cuda_emulated")
+        gen = torch.Generator().manual_seed(batch)
+        rewards = binary_rewards(batch, 1, gen)
+        ids = torch.randperm(2 * batch, generator=gen)[:batch]
+        module.launches()  # reset
+        sel.step(rewards, ids, check_inputs=False)
+        plan = module.plan_topk(batch, 0)[1]
+        assert module.launches() == launches == module.select_step_launches(plan, 0)
+        sel.step(rewards, (ids + 1) % (2 * batch), check_inputs=True)
+        assert module.launches() == launches + 1 == module.select_step_launches(plan, 1)
 
 
 @pytest.mark.skipif("cuda_emulated" not in available_backends("cpu"), reason="no emulator")
@@ -485,14 +495,15 @@ def test_a_step_loop_alternates_between_two_buffers(backend):
 
 
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
-def test_captured_step_api_runs_the_plain_step_on_a_cpu(backend):
+def test_captured_step_replays_equal_plain_steps(backend):
     """capture_step's static inputs, replay() and static output, as on a GPU: each replay
-    equals a plain step on a twin selector, into the same output tensors."""
+    equals a plain step on a twin selector, into the same output tensors. The emulated CUDA
+    backend captures an emulator graph; the others run the plain step."""
     config = LZEConfig(noise_scale=0.05, seed=3)
     sel, twin = (LZESelector(200, config, backend=backend) for _ in range(2))
     first = make_batch(seed=0)
     captured = sel.capture_step(*first)
-    assert captured.graph is None
+    assert (captured.graph is None) == (backend != "cuda_emulated")
     want = twin.step(*first)
     assert torch.equal(captured.output.kept_indices, want.kept_indices)
     output, energy = captured.output, captured.output.energy
@@ -507,11 +518,18 @@ def test_captured_step_api_runs_the_plain_step_on_a_cpu(backend):
         for field in ("energy", "keep_mask", "kept_indices", "num_kept", "advantages"):
             assert torch.equal(getattr(got, field), getattr(want, field)), field
     assert torch.equal(sel.state.records, twin.state.records)
-    captured.prompt_ids[0] = 10**6  # a bad id: the default check raises and undoes (CPU)
+    captured.prompt_ids[0] = 10**6  # a bad id
     before = sel.state.records.clone()
-    with pytest.raises(ValueError, match="prompt_ids"):
+    if captured.graph is None:  # the default check on a CPU: raised and undone at once
+        with pytest.raises(ValueError, match="prompt_ids"):
+            captured.replay()
+        assert torch.equal(sel.state.records, before)
+    else:  # in a graph: found by the next replay, which does not run
         captured.replay()
-    assert torch.equal(sel.state.records, before)
+        after = sel.state.records.clone()
+        with pytest.raises(ValueError, match=r"prompt_ids.*found by an earlier step"):
+            captured.replay()
+        assert torch.equal(sel.state.records, after)
 
 
 @pytest.mark.parametrize("backend", NATIVE_BACKENDS)

@@ -23,7 +23,7 @@ __device__ __forceinline__ uint32_t warp_inclusive_scan(uint32_t value) {
 
 // Exclusive prefix sum of one value per thread, in thread order; `total` gets the block's sum.
 __device__ __forceinline__ uint32_t block_exclusive_scan(uint32_t value, uint32_t& total) {
-  __shared__ uint32_t warp_sums[kWarpSize];
+  LZE_SHARED(uint32_t[kWarpSize], warp_sums);
   const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
   const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
   const int warps = static_cast<int>(blockDim.x) / kWarpSize;
@@ -53,7 +53,7 @@ __device__ __forceinline__ Extent merge_extents(Extent a, Extent b) {
 
 // The block's extent, in every thread.
 __device__ __forceinline__ Extent block_extent(Extent e) {
-  __shared__ Extent warp_extents[kWarpSize];
+  LZE_SHARED(Extent[kWarpSize], warp_extents);
   for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
     e.high = fmaxf(e.high, __shfl_xor_sync(kFullMask, e.high, offset));
     e.low = fminf(e.low, __shfl_xor_sync(kFullMask, e.low, offset));
@@ -80,7 +80,7 @@ __device__ __forceinline__ Extent with_energy(Extent e, float energy) {
 // visible to it (read them past the L1 cache: volatile, or atomics). Nothing waits.
 template <typename Counter>
 __device__ __forceinline__ bool is_last_block(Counter* counter) {
-  __shared__ bool last;
+  LZE_SHARED(bool, last);
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) last = atomicAdd(counter, Counter{1}) == static_cast<Counter>(gridDim.x - 1);

@@ -6,8 +6,12 @@
 //  1. Launch through LZE_LAUNCH(kernel, grid, block, shared_bytes, stream)(args...), never
 //     with <<<...>>>.
 //  2. Declare dynamic shared memory with LZE_DYNAMIC_SHARED(type, name) at the top of the
-//     kernel (`extern __shared__` cannot be emulated). Static `__shared__` variables, in kernels
-//     and __device__ functions, are fine.
+//     kernel (`extern __shared__` cannot be emulated), and static shared variables, in kernels
+//     and __device__ functions, with LZE_SHARED(type, name) (the emulator places them in the
+//     running block's shared memory, poisoned). After each kernel, LZE_KERNEL_RESOURCES(kernel,
+//     max_threads, static_shared_bytes) declares its __launch_bounds__ and the static shared
+//     memory ptxas -v reports for it (tests/test_cuda_sources.py checks the figure): the
+//     emulator's driver checks launches and cudaFuncSetAttribute against them.
 //  3. Only the _sync warp intrinsics, with the mask of the lanes that really call them; no
 //     implicit warp-synchronous code (lanes exchanging data through shared memory need
 //     __syncwarp or __syncthreads in between).
@@ -19,8 +23,12 @@
 //     on atomics, not on plain loads. Otherwise use last-block-done with an atomic counter.
 //  5. Device code uses the C math functions (sqrtf, logf, fmaxf, ...) and the atomics and bit
 //     intrinsics cuda_emu.h provides, not CUDA-only ones (min/max overloads, __fdividef, ...).
-//  6. Launches are asynchronous under CUDA and synchronous in the emulator: launchers report
-//     cudaGetLastError() right after the launch and never rely on either behaviour.
+//  6. Launches are asynchronous under CUDA and, when a test asks, in the emulator too (its worker
+//     and held modes): launchers report cudaGetLastError() right after the launch, make every
+//     check and opt-in before the first launch of a call, and never rely on either behaviour.
+//  8. Vector accesses (float4, int4) go through LZE_LOAD_VECTOR(pointer) and
+//     LZE_STORE_VECTOR(pointer, value): the emulator traps a misaligned one as the hardware does
+//     (cudaErrorMisalignedAddress, sticky) instead of crashing the process.
 //  7. LZE_COUNT_ROW_READS(n) marks n reads of per-row input (an energy, a score): a no-op under
 //     nvcc, a process-wide count in the emulator, which the tests read to check that a kernel's
 //     work grows linearly with the batch (lze_kernels._lze_cuda_emu.row_reads()).
@@ -33,11 +41,18 @@
 
 #include <cuda_runtime.h>
 
+template <typename T>
+using lze_shared_type = T;  // so that LZE_SHARED(uint32_t[256], name) declares an array
+
 #define LZE_LAUNCH(kernel, grid, block, shared_bytes, stream) \
   kernel<<<(grid), (block), (shared_bytes), (stream)>>>
 #define LZE_DYNAMIC_SHARED(type, name)                                   \
   extern __shared__ __align__(16) unsigned char lze_dynamic_shared_[]; \
   type* name = reinterpret_cast<type*>(lze_dynamic_shared_)
+#define LZE_SHARED(type, name) __shared__ lze_shared_type<type> name
+#define LZE_KERNEL_RESOURCES(kernel, max_threads, static_shared_bytes) static_assert(true, "")
+#define LZE_LOAD_VECTOR(pointer) (*(pointer))
+#define LZE_STORE_VECTOR(pointer, value) (*(pointer) = (value))
 #define LZE_COUNT_ROW_READS(n) ((void)0)
 #define LZE_NOTE_STATE_ACCESS(pointer, bytes) ((void)0)
 
@@ -48,6 +63,15 @@
 #define LZE_LAUNCH(kernel, grid, block, shared_bytes, stream) \
   ::emu::Launcher((kernel), (grid), (block), (shared_bytes), (stream))
 #define LZE_DYNAMIC_SHARED(type, name) type* name = static_cast<type*>(::emu::dynamic_shared_memory())
+#define LZE_SHARED(type, name)                          \
+  static constexpr char lze_shared_site_##name = 0;     \
+  ::emu::shared_type<type>& name =                      \
+      ::emu::static_shared<::emu::shared_type<type>>(&lze_shared_site_##name)
+#define LZE_KERNEL_RESOURCES(kernel, max_threads, static_shared_bytes)              \
+  [[maybe_unused]] inline const bool lze_kernel_registered_##kernel =                \
+      ::emu::register_kernel(&kernel, #kernel, (max_threads), (static_shared_bytes))
+#define LZE_LOAD_VECTOR(pointer) ::emu::load_vector(pointer)
+#define LZE_STORE_VECTOR(pointer, value) ::emu::store_vector((pointer), (value))
 #define LZE_COUNT_ROW_READS(n) ::emu::count_row_reads(n)
 #define LZE_NOTE_STATE_ACCESS(pointer, bytes) ::emu::note_state_access((pointer), (bytes))
 

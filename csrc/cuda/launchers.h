@@ -5,7 +5,35 @@
 
 #include "../lze_math.h"
 #include "cuda_compat.h"
+#include "lze_cuda.h"
 #include "selection_plan.h"
+
+namespace lze::cuda {
+
+constexpr int kNoPlan = LZE_CUDA_NO_PLAN;  // lze_cuda.h
+
+// Sets the current device for the scope of a call (the tensors' device, which need not be the
+// current one: a launch on another device's stream fails, and kernel attributes are per device).
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    error_ = cudaGetDevice(&previous_);
+    if (error_ == cudaSuccess && previous_ != device) error_ = cudaSetDevice(device);
+  }
+  ~DeviceGuard() {
+    int now = previous_;
+    if (cudaGetDevice(&now) == cudaSuccess && now != previous_) cudaSetDevice(previous_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+  cudaError_t error() const { return error_; }
+
+ private:
+  int previous_ = 0;
+  cudaError_t error_;
+};
+
+}  // namespace lze::cuda
 
 namespace lze::cuda_step {
 
@@ -56,11 +84,14 @@ struct TopkArgs {
   int64_t* num_kept;
 };
 
-// The selection's launches after its inputs are ready: one block for B <= kOneBlockMaxRows,
-// three launches above. `prepared`: the draws, the extent and the zeroed header are in the
-// workspace (a selection step's step kernel made them); otherwise the one-block kernel computes
-// them itself, and the large plan first runs prepare_kernel.
-int launch_topk(const TopkArgs& a, void* workspace, int64_t extent_blocks, bool prepared,
-                cudaStream_t stream);
+// The selection's launches after its inputs are ready, by plan `p` (plan_topk, made on the
+// current device). `prepared`: the draws, the extent and the zeroed header are in the workspace
+// (a selection step's step kernel made them); otherwise the one-block kernel computes them
+// itself, and the large plan first runs prepare_kernel. Returns the first launch error.
+int launch_topk(const TopkArgs& a, const cuda_select::TopkPlan& p, void* workspace,
+                int64_t extent_blocks, bool prepared, cudaStream_t stream);
+
+// The plan of a top-k over B rows on `device`, every opt-in made; cuda::kNoPlan when none fits.
+int plan_topk(int64_t B, int device, cuda_select::TopkPlan* plan);
 
 }  // namespace lze::cuda_topk

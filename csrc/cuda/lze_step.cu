@@ -188,8 +188,8 @@ struct PromptRow {
 __device__ __forceinline__ PromptRow gather_prompt(const StepArgs& a, int64_t id) {
   PromptRow p{id, id >= 0 && id < a.N, make_float4(0.0f, 0.0f, 0.0f, 0.0f), make_int4(0, 0, 0, 0)};
   if (p.in_range) {  // the record's two 16-byte halves: one 32-byte sector
-    p.f = reinterpret_cast<const float4*>(a.records)[2 * id];
-    p.s = reinterpret_cast<const int4*>(a.records)[2 * id + 1];
+    p.f = LZE_LOAD_VECTOR(reinterpret_cast<const float4*>(a.records) + 2 * id);
+    p.s = LZE_LOAD_VECTOR(reinterpret_cast<const int4*>(a.records) + 2 * id + 1);
     LZE_NOTE_STATE_ACCESS(a.records + id * kRecordWords, 16);
     LZE_NOTE_STATE_ACCESS(a.records + id * kRecordWords + kIntFieldsAt, 16);
   }
@@ -206,10 +206,10 @@ __device__ RowOutputs update_prompt_state(const StepArgs& a, const PromptRow& pr
   const PromptStep u =
       advance_prompt(PromptState{f.x, f.y, f.z, f.w, s.x, s.y, s.z, s.w}, p, stamp, a.params);
   const PromptState& n = u.next;
-  reinterpret_cast<float4*>(a.records)[2 * id] =
-      make_float4(n.d_init, n.ema, n.last_pass_rate, n.last_energy);
-  reinterpret_cast<int4*>(a.records)[2 * id + 1] =
-      make_int4(n.seen, n.solved_streak, n.flags, n.claim);
+  LZE_STORE_VECTOR(reinterpret_cast<float4*>(a.records) + 2 * id,
+                   make_float4(n.d_init, n.ema, n.last_pass_rate, n.last_energy));
+  LZE_STORE_VECTOR(reinterpret_cast<int4*>(a.records) + 2 * id + 1,
+                   make_int4(n.seen, n.solved_streak, n.flags, n.claim));
   LZE_NOTE_STATE_ACCESS(a.records + id * kRecordWords, 16);
   LZE_NOTE_STATE_ACCESS(a.records + id * kRecordWords + kIntFieldsAt, 16);
   return {p, n.last_energy, u.momentum};
@@ -302,9 +302,13 @@ __device__ Extent process_row(const StepArgs& a, int64_t row, bool in_batch, Seg
 }
 
 // The end of every block: its extent to the selection's workspace, then last-block-done. The
-// last block to finish advances the step counter, resets the scratch count, copies the fault
-// word to the host's mirror and reduces the blocks' extents. The fence in is_last_block orders
-// this block's reads of step_counter[0], its fault bits and its extent before its ticket.
+// last block to finish advances the step counter, resets the scratch count (atomically: a count
+// is an atomic word, and a plain store beside another launch's tickets could leave it non-zero
+// for good), copies the fault word to the host's mirror and reduces the blocks' extents. The
+// fence in is_last_block orders this block's reads of step_counter[0], its fault bits and its
+// extent before its ticket. The mirror's store needs no system-scope fence: the host reads it
+// at a later step or after a sync, and it is the last block's last store to it; a fence there
+// would hold the top-k behind a round trip to host memory.
 __device__ void finish_block(const StepArgs& a, int64_t step, Extent row_extent) {
   const bool extents = a.prep.block_extents != nullptr;
   if (extents) {
@@ -315,10 +319,9 @@ __device__ void finish_block(const StepArgs& a, int64_t step, Extent row_extent)
   if (!cuda_select::is_last_block(finished)) return;
   if (threadIdx.x == 0) {
     a.step_counter[0] = step + 1;
-    *finished = 0;
+    atomicExch(finished, 0ull);
     if (a.prep.fault_mirror != nullptr) {
       *reinterpret_cast<volatile int32_t*>(a.prep.fault_mirror) = atomicOr(a.fault, 0);
-      __threadfence_system();
     }
   }
   if (extents) {
@@ -337,6 +340,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 4) lze_step_kernel(const Ste
   const Extent extent = process_row(a, row, row < a.B, s, step);
   finish_block(a, step, extent);
 }
+LZE_KERNEL_RESOURCES(lze_step_kernel, kThreadsPerBlock, 272);
 
 // ----------------------------------------------------------------------------- row tiles
 //
@@ -441,7 +445,7 @@ __device__ void store_tile(const StepArgs& a, int64_t first_row, int rows, int s
 }
 
 __global__ void __launch_bounds__(kThreadsPerBlock) lze_step_tile_kernel(const StepArgs a) {
-  __shared__ RewardTile tile;
+  LZE_SHARED(RewardTile, tile);
   const int64_t step = a.step_counter[0];
   zero_selection_header(a);
   const int t = static_cast<int>(threadIdx.x);
@@ -466,6 +470,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) lze_step_tile_kernel(const S
   store_tile(a, first_row, rows, stride, tile);
   finish_block(a, step, extent);
 }
+LZE_KERNEL_RESOURCES(lze_step_tile_kernel, kThreadsPerBlock, 42256);
 
 }  // namespace lze::cuda_step
 
@@ -491,8 +496,10 @@ extern "C" int lze_step_cuda(const void* rewards, int32_t rewards_dtype, const u
                              const int64_t* prompt_ids, int64_t B, int64_t G, int64_t N,
                              int32_t* records, int64_t* step_counter, float* advantages,
                              float* pass_rate, float* energy, float* momentum, int32_t* fault,
-                             lze::Params params, void* stream) {
+                             lze::Params params, int32_t device, void* stream) {
   using namespace lze::cuda_step;
+  const lze::cuda::DeviceGuard guard(device);
+  if (guard.error() != cudaSuccess) return guard.error();
   const StepArgs args{rewards,    rewards_dtype, valid,  prompt_ids, B,        G,
                       N,          records,       step_counter, advantages, pass_rate, energy,
                       momentum,   fault,         params, SelectionPrep{}};

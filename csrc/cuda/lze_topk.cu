@@ -11,29 +11,35 @@
 // row order (the tie rule). A prefix count over rows then gives each kept row its slot, so
 // kept_indices comes out in row order with no sort.
 //
-// Launch plans (selection_plan.h), both with no host sync and capturable in a CUDA graph:
+// Launch plans (selection_plan.h, made per batch size and device before anything is queued),
+// both with no host sync and capturable in a CUDA graph:
 //  * B <= 16,384: one block of 1,024 threads, one launch: the scores in dynamic shared memory
 //    (4 B a row, 64 KiB at most), three passes of 11-, 11- and 10-bit digits over them with a
 //    2,048-bin shared histogram, then the write (a block scan a strip). Above that size the
 //    passes' strips, each a round trip on one SM, cost more than launches over all SMs: an H100
-//    measured 196 us at 65,536 rows in one block against 134 us at 262,144 in six launches.
-//  * larger B: three launches over P = ceil(B / tile) blocks of 1,024 threads (tile 16,384 rows
-//    up to 16M rows, so P <= 1,024; then larger tiles of at most 61,440): score (A), refine (B)
-//    and write (C), 16-bit digits with per-block histograms of packed 16-bit counters in 128 KiB
-//    of shared memory (selection_plan.h says how each pass works). Per row: energy read once
-//    (and the draw with noise), the score written once and read twice, the mask written once;
-//    per block, 128 KiB of shared memory zeroed and scanned twice; the last block of A and of B
-//    scans a 65,536-bin global histogram (256 KiB from L2).
-//    The draws, the extent and the zeroed header come from the selection step's step kernel
-//    (lze_select.cu) or, for a top-k alone (ops.topk_mask), from prepare_kernel: four launches.
+//    measured 196 us at 65,536 rows in one block against 134 us at 262,144 in six launches
+//    (416255b's plans, docs/gpu-results.md).
+//  * larger B: one block an SM (tiles of at least 4,096 and below 65,536 rows), two histogram
+//    launches of 16-bit digits (128 KiB of packed counters a block) where the device allows it,
+//    three of 11-, 11- and 10-bit digits otherwise (sm_86, sm_89), then the write launch.
+//    Per row: energy read once (and the draw with noise), the score written once and read once
+//    a later launch, the mask written once. The draws, the extent and the zeroed header come
+//    from the selection step's step kernel (lze_select.cu) or, for a top-k alone
+//    (ops.topk_mask), from prepare_kernel: one more launch.
+// Histogram increments are warp-aggregated (__match_any_sync): binary rewards give a handful of
+// distinct energies, whose bins the lanes of a warp would otherwise hit one after another.
 //
 // Every pass takes a block's rows in strips, each thread four consecutive rows whose loads it
 // issues together (one 16-byte load of four scores): the passes are latency-bound at moderate B.
 //
 // Bounds: rows and positions are int64 in the loops; counts are uint32 (B < 2^31, checked by the
 // launcher); every store to kept_indices is guarded by its position < k; a packed 16-bit counter
-// counts at most a tile's rows (< 65,536).
+// counts at most a tile's rows (< 65,536). Shared memory: the one-block kernel 8,592 B static
+// plus 4 B a row dynamic (72.6 KB at 16,384 rows: within sm_86/sm_89's 99 KB); the histogram
+// kernels a few hundred bytes static plus 128 KiB (16-bit digits) or 4 KiB (11-bit) dynamic.
 #include <stdint.h>
+
+#include <mutex>
 
 #include "block_reduce.h"
 #include "cuda_compat.h"
@@ -43,21 +49,19 @@
 namespace lze::cuda_topk {
 
 using cuda_select::Cutoff;
+using cuda_select::Digit;
+using cuda_select::digit_of;
 using cuda_select::Extent;
-using cuda_select::kBins;
+using cuda_select::kFullMask;
 using cuda_select::kNoThreshold;
 using cuda_select::kRowsPerThread;
+using cuda_select::kTicketWrite;
+using cuda_select::kWarpSize;
+using cuda_select::TopkPlan;
 using cuda_select::Workspace;
 
-constexpr int kSmallBins = 2048;  // 2^11, the one-block plan's widest digit
-constexpr int kSmallPasses = 3;
-constexpr int kTicketScore = 0, kTicketRefine = 1, kTicketWrite = 2;
-
-// Digits of the one-block plan, from the top: bits [21, 32), [10, 21), [0, 10).
-__device__ __forceinline__ int small_digit_shift(int pass) {
-  return pass == 0 ? 21 : pass == 1 ? 10 : 0;
-}
-__device__ __forceinline__ int small_digit_bits(int pass) { return pass == 2 ? 10 : 11; }
+constexpr int kSmallPasses = 3;  // the one-block plan's digits: 11, 11 and 10 bits
+constexpr int kSmallBins = 1 << 11;
 
 // The noise inputs of the scores: the Gumbel scale and, when prepared, the rows' draws.
 struct Noise {
@@ -97,7 +101,7 @@ __device__ __forceinline__ void load_four_energies(const float* energy, int64_t 
 __device__ __forceinline__ void load_four_scores(const uint32_t* scores, int64_t row0, int64_t last,
                                                  uint32_t out[kRowsPerThread]) {
   if (row0 + kRowsPerThread <= last) {
-    const int4 v = *reinterpret_cast<const int4*>(scores + row0);
+    const int4 v = LZE_LOAD_VECTOR(reinterpret_cast<const int4*>(scores + row0));
     out[0] = static_cast<uint32_t>(v.x), out[1] = static_cast<uint32_t>(v.y);
     out[2] = static_cast<uint32_t>(v.z), out[3] = static_cast<uint32_t>(v.w);
     LZE_COUNT_ROW_READS(kRowsPerThread);
@@ -165,7 +169,7 @@ __device__ uint32_t histogram_total(const volatile uint32_t* histogram, int bins
 // The digit of the rank-th largest key counted in histogram[bins] (1 <= rank <= the total) and
 // its rank among the keys with that digit, in every thread.
 __device__ DigitChoice choose_digit(const volatile uint32_t* histogram, int bins, uint32_t rank) {
-  __shared__ DigitChoice choice;
+  LZE_SHARED(DigitChoice, choice);
   const BinRange mine = owned_bins(bins);
   uint32_t count = 0;
   for (int b = mine.low; b < mine.high; ++b) count += histogram[b];
@@ -253,61 +257,92 @@ __device__ void write_count_and_padding(const TopkArgs& a, uint32_t kept) {
   if (blockIdx.x == 0 && threadIdx.x == 0) *a.num_kept = kept;
 }
 
+// ----------------------------------------------------------------------------- counting
+
+// The lanes of the calling warp that count the same digit as this lane, and whether this lane
+// adds for them (the lowest). Called by every lane of the warp, counting or not.
+struct Peers {
+  uint32_t count;
+  bool leader;
+};
+
+__device__ __forceinline__ Peers digit_peers(uint32_t digit, bool counting) {
+  const unsigned counting_lanes = __ballot_sync(kFullMask, counting);
+  if (!counting) return {0, false};
+  const unsigned peers = __match_any_sync(counting_lanes, digit);
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  return {static_cast<uint32_t>(__popc(peers)), lane == __ffs(static_cast<int>(peers)) - 1};
+}
+
+// One more in bin `digit` of a histogram of 32-bit counters for every lane that counts it.
+__device__ __forceinline__ void count_digit(uint32_t* histogram, uint32_t digit, bool counting) {
+  const Peers p = digit_peers(digit, counting);
+  if (p.leader) atomicAdd(&histogram[digit], p.count);
+}
+
+// The same for packed 16-bit counters, two to a word (a tile never counts 65,536 rows).
+__device__ __forceinline__ void count_packed(uint32_t* packed, uint32_t digit, bool counting) {
+  const Peers p = digit_peers(digit, counting);
+  if (p.leader) atomicAdd(&packed[digit >> 1], p.count << ((digit & 1u) * 16));
+}
+
+__device__ __forceinline__ uint32_t digit_value(uint32_t s, Digit d) {
+  return (s >> d.shift) & ((1u << d.bits) - 1u);
+}
+
+// Whether score bits `s` share the digits above `d` with the cutoff's threshold.
+__device__ __forceinline__ bool shares_prefix(uint32_t s, uint32_t threshold, Digit d) {
+  const int above = d.shift + d.bits;
+  return above >= 32 || (s >> above) == (threshold >> above);
+}
+
 // ----------------------------------------------------------------------------- one block
-
-__device__ __forceinline__ void count_small_digit(uint32_t s, int pass, uint32_t* histogram) {
-  atomicAdd(&histogram[(s >> small_digit_shift(pass)) & ((1u << small_digit_bits(pass)) - 1u)],
-            1u);
-}
-
-__device__ __forceinline__ bool shares_small_prefix(uint32_t s, uint32_t prefix, int pass) {
-  if (pass == 0) return true;
-  const int chosen_from = small_digit_shift(pass) + small_digit_bits(pass);
-  return (s >> chosen_from) == (prefix >> chosen_from);
-}
 
 // `draws`/`extent`: prepared by the selection step's step kernel, or null (noise drawn here).
 __global__ void __launch_bounds__(cuda_select::kSmallThreads) small_topk_kernel(
     const TopkArgs a, const float* draws, const Extent* extent) {
   LZE_DYNAMIC_SHARED(uint32_t, scores);
-  __shared__ uint32_t histogram[kSmallBins];
+  LZE_SHARED(uint32_t[kSmallBins], histogram);
   Noise noise{0.0f, draws};
   if (a.noise_scale > 0.0f) {
     noise.scale = noise_scale_of(a, extent != nullptr ? *extent : rows_extent(a, 0, a.B));
   }
   const uint32_t step = static_cast<uint32_t>(a.step_counter[0]);
+  const Digit top = digit_of(kSmallPasses, 0);
   zero(histogram, kSmallBins);
   __syncthreads();
   for (int64_t strip = 0; strip < a.B; strip += strip_rows()) {
     const int64_t row0 = first_row_of_thread(strip);
     float energy[kRowsPerThread];
     load_four_energies(a.energy, row0, a.B, energy);
-    for (int i = 0; i < kRowsPerThread && row0 + i < a.B; ++i) {
-      const uint32_t s = candidate_score(a, row0 + i, noise, step, energy[i]);
-      scores[row0 + i] = s;
-      if (s != 0) count_small_digit(s, 0, histogram);
+    for (int i = 0; i < kRowsPerThread; ++i) {  // every lane, for the warp's counting
+      const bool in = row0 + i < a.B;
+      const uint32_t s = in ? candidate_score(a, row0 + i, noise, step, energy[i]) : 0u;
+      if (in) scores[row0 + i] = s;
+      count_digit(histogram, digit_value(s, top), s != 0);
     }
   }
   __syncthreads();
-  Cutoff c = first_cutoff(histogram, kSmallBins, small_digit_shift(0), a.k);
+  Cutoff c = first_cutoff(histogram, kSmallBins, top.shift, a.k);
   for (int pass = 1; pass < kSmallPasses; ++pass) {
+    const Digit d = digit_of(kSmallPasses, pass);
     zero(histogram, kSmallBins);
     __syncthreads();
     for (int64_t strip = 0; c.rank != 0 && strip < a.B; strip += strip_rows()) {
       uint32_t s[kRowsPerThread];
       load_four_scores(scores, first_row_of_thread(strip), a.B, s);
       for (int i = 0; i < kRowsPerThread; ++i) {
-        if (s[i] != 0 && shares_small_prefix(s[i], c.threshold, pass)) {
-          count_small_digit(s[i], pass, histogram);
-        }
+        count_digit(histogram, digit_value(s[i], d),
+                    s[i] != 0 && shares_prefix(s[i], c.threshold, d));
       }
     }
     __syncthreads();
-    c = narrowed_cutoff(c, histogram, 1 << small_digit_bits(pass), small_digit_shift(pass));
+    c = narrowed_cutoff(c, histogram, 1 << d.bits, d.shift);
   }
   write_rows(a, scores, 0, a.B, c, Slots{0, 0});
   write_count_and_padding(a, c.kept);
 }
+LZE_KERNEL_RESOURCES(small_topk_kernel, cuda_select::kSmallThreads, 8592);
 
 // ----------------------------------------------------------------------------- large plan
 
@@ -320,15 +355,10 @@ __device__ __forceinline__ Tile tile_of(const TopkArgs& a, int64_t block, int64_
   return {first, first + tile_rows < a.B ? first + tile_rows : a.B};
 }
 
-// Per-block histograms of a 16-bit digit: 65,536 16-bit counters packed two to a word in
-// dynamic shared memory (128 KiB). A tile has fewer than 65,536 rows, so no counter carries.
-__device__ __forceinline__ void count_packed(uint32_t* packed, uint32_t digit) {
-  atomicAdd(&packed[digit >> 1], 1u << ((digit & 1u) * 16));
-}
-
-// Adds the block's packed counters to the global histogram (only the bins it counted).
-__device__ void merge_packed(const uint32_t* packed, uint32_t* global) {
-  for (int w = threadIdx.x; w < kBins / 2; w += blockDim.x) {
+// Adds the block's packed counters of `bins` bins to the global histogram (only the bins it
+// counted).
+__device__ void merge_packed(const uint32_t* packed, uint32_t* global, int bins) {
+  for (int w = threadIdx.x; w < bins / 2; w += blockDim.x) {
     const uint32_t v = packed[w];
     if ((v & 0xffffu) != 0) atomicAdd(&global[2 * w], v & 0xffffu);
     if ((v >> 16) != 0) atomicAdd(&global[2 * w + 1], v >> 16);
@@ -351,66 +381,74 @@ __global__ void __launch_bounds__(cuda_select::kLargeThreads) prepare_kernel(
   const Extent e = rows_extent(a, t.first, t.last);
   if (threadIdx.x == 0) w.block_extents[blockIdx.x] = e;
 }
+LZE_KERNEL_RESOURCES(prepare_kernel, cuda_select::kLargeThreads, 256);
 
 // The candidates' extent: reduced by the step kernel's last block, or (a top-k alone) from
-// prepare_kernel's per-block extents, in every block (at most 1,024 of 8 bytes each, from L2).
+// prepare_kernel's per-block extents, in every block (8 bytes a block, from L2).
 __device__ Extent selection_extent(const Workspace& w, int64_t extent_blocks) {
   if (extent_blocks == 0) return *w.extent;
   return cuda_select::reduce_block_extents(w.block_extents, extent_blocks);
 }
 
-// (A) Scores of the tile into the workspace, their top 16 bits counted; the last block picks the
-// top 16 bits of the k-th best score. `extent_blocks`: see selection_extent.
+// (A) Scores of the tile into the workspace, their top digit counted; the last block picks the
+// top digit of the k-th best score. `extent_blocks`: see selection_extent.
 __global__ void __launch_bounds__(cuda_select::kLargeThreads) score_kernel(
-    const TopkArgs a, Workspace w, int64_t tile_rows, int64_t extent_blocks) {
+    const TopkArgs a, Workspace w, int64_t tile_rows, int64_t extent_blocks, int passes) {
   LZE_DYNAMIC_SHARED(uint32_t, packed);
   const bool noisy = a.noise_scale > 0.0f;
   const Noise noise{noisy ? noise_scale_of(a, selection_extent(w, extent_blocks)) : 0.0f,
                     noisy ? w.draws : nullptr};
+  const Digit top = digit_of(passes, 0);
+  const int bins = 1 << top.bits;
   const Tile t = tile_of(a, blockIdx.x, tile_rows);
-  zero(packed, kBins / 2);
+  zero(packed, bins / 2);
   __syncthreads();
   for (int64_t strip = t.first; strip < t.last; strip += strip_rows()) {
     const int64_t row0 = first_row_of_thread(strip);
     float energy[kRowsPerThread];
     load_four_energies(a.energy, row0, t.last, energy);
-    for (int i = 0; i < kRowsPerThread && row0 + i < t.last; ++i) {
-      const uint32_t s = candidate_score(a, row0 + i, noise, 0, energy[i]);  // draws given
-      w.scores[row0 + i] = s;
-      if (s != 0) count_packed(packed, s >> 16);
+    for (int i = 0; i < kRowsPerThread; ++i) {  // every lane, for the warp's counting
+      const bool in = row0 + i < t.last;
+      const uint32_t s = in ? candidate_score(a, row0 + i, noise, 0, energy[i]) : 0u;  // draws given
+      if (in) w.scores[row0 + i] = s;
+      count_packed(packed, digit_value(s, top), s != 0);
     }
   }
   __syncthreads();
-  merge_packed(packed, w.histograms);
-  if (!cuda_select::is_last_block(&w.tickets[kTicketScore])) return;
-  const Cutoff c = first_cutoff(w.histograms, kBins, 16, a.k);
+  merge_packed(packed, w.histograms[0], bins);
+  if (!cuda_select::is_last_block(&w.tickets[0])) return;
+  const Cutoff c = first_cutoff(w.histograms[0], bins, top.shift, a.k);
   if (threadIdx.x == 0) *w.cutoff = c;
 }
+LZE_KERNEL_RESOURCES(score_kernel, cuda_select::kLargeThreads, 400);
 
-// (B) The rows tied with the cutoff's top 16 bits count their low 16 bits (the filter fused
-// into the histogram); the last block completes T and `need`.
+// (B) The rows tied with the digits chosen so far count their digit of pass `pass` (the filter
+// fused into the histogram, `global`: the pass's global histogram); the last block narrows the
+// cutoff by it (after the last pass: T and `need`).
 __global__ void __launch_bounds__(cuda_select::kLargeThreads) refine_kernel(
-    const TopkArgs a, Workspace w, int64_t tile_rows) {
+    const TopkArgs a, Workspace w, int64_t tile_rows, int passes, int pass, uint32_t* global) {
   LZE_DYNAMIC_SHARED(uint32_t, packed);
   const Cutoff c = *w.cutoff;
   if (c.rank == 0) return;  // uniform over the grid: nothing is kept
+  const Digit d = digit_of(passes, pass);
+  const int bins = 1 << d.bits;
   const Tile t = tile_of(a, blockIdx.x, tile_rows);
-  zero(packed, kBins / 2);
+  zero(packed, bins / 2);
   __syncthreads();
   for (int64_t strip = t.first; strip < t.last; strip += strip_rows()) {
     uint32_t s[kRowsPerThread];
     load_four_scores(w.scores, first_row_of_thread(strip), t.last, s);
     for (int i = 0; i < kRowsPerThread; ++i) {
-      if (s[i] != 0 && (s[i] >> 16) == (c.threshold >> 16)) count_packed(packed, s[i] & 0xffffu);
+      count_packed(packed, digit_value(s[i], d), s[i] != 0 && shares_prefix(s[i], c.threshold, d));
     }
   }
   __syncthreads();
-  uint32_t* global = w.histograms + kBins;
-  merge_packed(packed, global);
-  if (!cuda_select::is_last_block(&w.tickets[kTicketRefine])) return;
-  const Cutoff narrowed = narrowed_cutoff(c, global, kBins, 0);
+  merge_packed(packed, global, bins);
+  if (!cuda_select::is_last_block(&w.tickets[pass])) return;
+  const Cutoff narrowed = narrowed_cutoff(c, global, bins, d.shift);
   if (threadIdx.x == 0) *w.cutoff = narrowed;
 }
+LZE_KERNEL_RESOURCES(refine_kernel, cuda_select::kLargeThreads, 144);
 
 // Decoupled look-back words: a block's counts of rows above and tied with T (31 bits each) and
 // whether they are its own (aggregate) or of it and every block before it (inclusive). 0: not
@@ -469,8 +507,8 @@ __device__ Slots look_back(unsigned long long* words, int64_t block, Slots mine)
 // takes the counts of the blocks before it (look_back) and writes its rows' mask and slots.
 __global__ void __launch_bounds__(cuda_select::kLargeThreads) write_kernel(
     const TopkArgs a, Workspace w, int64_t tile_rows) {
-  __shared__ int64_t logical_block;
-  __shared__ Slots before;
+  LZE_SHARED(int64_t, logical_block);
+  LZE_SHARED(Slots, before);
   if (threadIdx.x == 0) logical_block = atomicAdd(&w.tickets[kTicketWrite], 1u);
   __syncthreads();
   const Cutoff c = *w.cutoff;
@@ -485,86 +523,181 @@ __global__ void __launch_bounds__(cuda_select::kLargeThreads) write_kernel(
   write_rows(a, w.scores, t.first, t.last, c, before);
   write_count_and_padding(a, c.kept);
 }
+LZE_KERNEL_RESOURCES(write_kernel, cuda_select::kLargeThreads, 144);
+
+// ----------------------------------------------------------------------------- plans
+
+// Raises a kernel's dynamic shared memory limit on the current device to `bytes` when it is
+// below (the opt-in).
+template <typename Kernel>
+cudaError_t allow_shared_bytes(Kernel kernel, int bytes) {
+  cudaFuncAttributes attributes{};
+  cudaError_t error = cudaFuncGetAttributes(&attributes, kernel);
+  if (error != cudaSuccess || attributes.maxDynamicSharedSizeBytes >= bytes) return error;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+}
+
+template <typename Kernel>
+int static_shared_bytes(Kernel kernel) {
+  cudaFuncAttributes attributes{};
+  return cudaFuncGetAttributes(&attributes, kernel) == cudaSuccess
+             ? static_cast<int>(attributes.sharedSizeBytes) : 0;
+}
+
+// What the current device offers the top-k, with every kernel's opt-in made: the one-block plan
+// up to kOneBlockMaxRows where its static shared memory and 4 B a row fit the device's opt-in
+// limit, and the widest histogram digits whose counters fit it too.
+cudaError_t make_device_shape(cuda_select::DeviceShape* shape) {
+  int device = 0;
+  cudaError_t error = cudaGetDevice(&device);
+  if (error == cudaSuccess) error = cudaDeviceGetAttribute(&shape->sms, cudaDevAttrMultiProcessorCount, device);
+  if (error == cudaSuccess) {
+    error = cudaDeviceGetAttribute(&shape->shared_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  }
+  if (error != cudaSuccess) return error;
+  const int64_t room = shape->shared_optin - static_shared_bytes(small_topk_kernel);
+  int64_t rows = room / 16 * 4;  // whole 16-byte groups of four rows
+  shape->one_block_max_rows = rows < cuda_select::kOneBlockMaxRows ? (rows > 0 ? rows : 0)
+                                                                   : cuda_select::kOneBlockMaxRows;
+  if (shape->one_block_max_rows > 0) {
+    error = allow_shared_bytes(small_topk_kernel, static_cast<int>(shape->one_block_max_rows * 4));
+    if (error != cudaSuccess) return error;
+  }
+  shape->passes = 0;
+  const int statics = static_shared_bytes(score_kernel) > static_shared_bytes(refine_kernel)
+                          ? static_shared_bytes(score_kernel) : static_shared_bytes(refine_kernel);
+  for (int passes : {2, 3}) {
+    const int bytes = cuda_select::packed_histogram_bytes(digit_of(passes, 0).bits);
+    if (statics + bytes > shape->shared_optin) continue;
+    error = allow_shared_bytes(score_kernel, bytes);
+    if (error == cudaSuccess) error = allow_shared_bytes(refine_kernel, bytes);
+    if (error != cudaSuccess) return error;
+    shape->passes = passes;
+    break;
+  }
+  return cudaSuccess;
+}
+
+// The devices' shapes, each made once (the first plan on a device makes its opt-ins).
+class DeviceShapes {
+ public:
+  static DeviceShapes& get() {
+    static DeviceShapes shapes;
+    return shapes;
+  }
+
+  cudaError_t shape(int device, cuda_select::DeviceShape* shape) {
+    if (device < 0 || device >= kDevices) return cudaErrorInvalidDevice;
+    const std::lock_guard<std::mutex> lock(mutex_);
+    if (!known_[device]) {
+      const cuda::DeviceGuard guard(device);
+      if (guard.error() != cudaSuccess) return guard.error();
+      const cudaError_t error = make_device_shape(&shapes_[device]);
+      if (error != cudaSuccess) return error;
+      known_[device] = true;
+    }
+    *shape = shapes_[device];
+    return cudaSuccess;
+  }
+
+  // After the devices change (the emulator's tests): every shape made again.
+  void forget() {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    for (bool& k : known_) k = false;
+  }
+
+ private:
+  static constexpr int kDevices = 64;
+  std::mutex mutex_;
+  cuda_select::DeviceShape shapes_[kDevices] = {};
+  bool known_[kDevices] = {};
+};
+
+cudaError_t device_shape(int device, cuda_select::DeviceShape* shape) {
+  return DeviceShapes::get().shape(device, shape);
+}
 
 // ----------------------------------------------------------------------------- launch
 
-// Dynamic shared memory above the 48 KiB default needs the kernel's opt-in, once per device.
-template <typename Kernel>
-cudaError_t allow_shared_bytes(Kernel kernel, int bytes, int* allowed) {
-  int device = 0;
-  cudaError_t error = cudaGetDevice(&device);
-  if (error != cudaSuccess || device < 0 || device >= 64) return error;
-  if (allowed[device] >= bytes) return cudaSuccess;
-  error = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-  if (error == cudaSuccess) allowed[device] = bytes;
-  return error;
+void launch_small(const TopkArgs& a, const TopkPlan& p, const float* draws, const Extent* extent,
+                  cudaStream_t stream) {
+  LZE_LAUNCH(small_topk_kernel, dim3(1), dim3(cuda_select::kSmallThreads), p.shared_bytes,
+             stream)(a, draws, extent);
 }
 
-constexpr int kPackedBytes = kBins / 2 * 4;  // 128 KiB
-
-int launch_small(const TopkArgs& a, const float* draws, const Extent* extent,
-                 cudaStream_t stream) {
-  static int allowed[64] = {};
-  const int bytes = static_cast<int>(a.B * sizeof(uint32_t));
-  if (bytes > 48 * 1024) {
-    const cudaError_t error = allow_shared_bytes(small_topk_kernel, bytes, allowed);
-    if (error != cudaSuccess) return error;
-  }
-  LZE_LAUNCH(small_topk_kernel, dim3(1), dim3(cuda_select::kSmallThreads), bytes, stream)(
-      a, draws, extent);
-  return static_cast<int>(cudaGetLastError());
-}
-
-int launch_large(const TopkArgs& a, const Workspace& w, bool prepared, cudaStream_t stream) {
-  static int allowed[2][64] = {};
-  const cuda_select::LargePlan p = cuda_select::large_plan(a.B);
+void launch_large(const TopkArgs& a, const TopkPlan& p, const Workspace& w, bool prepared,
+                  cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.blocks)), block(cuda_select::kLargeThreads);
-  for (cudaError_t error : {allow_shared_bytes(score_kernel, kPackedBytes, allowed[0]),
-                            allow_shared_bytes(refine_kernel, kPackedBytes, allowed[1])}) {
-    if (error != cudaSuccess) return error;
-  }
   if (!prepared) {
-    LZE_LAUNCH(prepare_kernel, grid, block, 0, stream)(a, w, cuda_select::header_words(a.B),
+    LZE_LAUNCH(prepare_kernel, grid, block, 0, stream)(a, w, cuda_select::header_words(p),
                                                         p.tile_rows);
   }
-  LZE_LAUNCH(score_kernel, grid, block, kPackedBytes, stream)(a, w, p.tile_rows,
-                                                               prepared ? 0 : p.blocks);
-  LZE_LAUNCH(refine_kernel, grid, block, kPackedBytes, stream)(a, w, p.tile_rows);
+  LZE_LAUNCH(score_kernel, grid, block, p.shared_bytes, stream)(
+      a, w, p.tile_rows, prepared ? 0 : p.blocks, p.passes);
+  for (int pass = 1; pass < p.passes; ++pass) {
+    const int bytes = cuda_select::packed_histogram_bytes(digit_of(p.passes, pass).bits);
+    LZE_LAUNCH(refine_kernel, grid, block, bytes, stream)(a, w, p.tile_rows, p.passes, pass,
+                                                          w.histograms[pass]);
+  }
   LZE_LAUNCH(write_kernel, grid, block, 0, stream)(a, w, p.tile_rows);
+}
+
+int launch_topk(const TopkArgs& a, const TopkPlan& p, void* workspace, int64_t extent_blocks,
+                bool prepared, cudaStream_t stream) {
+  if (p.one_block && !prepared) {
+    launch_small(a, p, nullptr, nullptr, stream);
+  } else {
+    const Workspace w = cuda_select::carve(workspace, p, extent_blocks);
+    const bool noise = a.noise_scale > 0.0f;
+    if (p.one_block) {
+      launch_small(a, p, noise ? w.draws : nullptr, noise ? w.extent : nullptr, stream);
+    } else {
+      launch_large(a, p, w, prepared, stream);
+    }
+  }
   // A launch error is sticky until read: one check covers the launches.
   return static_cast<int>(cudaGetLastError());
 }
 
-int launch_topk(const TopkArgs& a, void* workspace, int64_t extent_blocks, bool prepared,
-                cudaStream_t stream) {
-  if (cuda_select::one_block(a.B) && !prepared) return launch_small(a, nullptr, nullptr, stream);
-  const Workspace w = cuda_select::carve(workspace, a.B, extent_blocks);
-  const bool noise = a.noise_scale > 0.0f;
-  if (cuda_select::one_block(a.B)) {
-    return launch_small(a, noise ? w.draws : nullptr, noise ? w.extent : nullptr, stream);
-  }
-  return launch_large(a, w, prepared, stream);
+int plan_topk(int64_t B, int device, TopkPlan* plan) {
+  cuda_select::DeviceShape shape{};
+  const cudaError_t error = device_shape(device, &shape);
+  if (error != cudaSuccess) return error;
+  return cuda_select::make_topk_plan(B, shape, plan) ? 0 : cuda::kNoPlan;
 }
 
 }  // namespace lze::cuda_topk
 
-extern "C" int64_t lze_topk_cuda_workspace_bytes(int64_t B) {
+extern "C" int lze_cuda_device_shape(int32_t device, lze::cuda_select::DeviceShape* shape) {
+  return lze::cuda_topk::device_shape(device, shape);
+}
+
+extern "C" void lze_cuda_forget_device_shapes() { lze::cuda_topk::DeviceShapes::get().forget(); }
+
+extern "C" int lze_topk_cuda_plan(int64_t B, int32_t device, lze::cuda_select::TopkPlan* plan) {
+  if (B < 1 || B > 0x7fffffff) return cudaErrorInvalidValue;
+  return lze::cuda_topk::plan_topk(B, device, plan);
+}
+
+extern "C" int64_t lze_topk_cuda_workspace_bytes(const lze::cuda_select::TopkPlan* plan) {
   using namespace lze::cuda_select;
-  if (one_block(B)) return 0;
-  return workspace_layout(B, large_plan(B).blocks).total;
+  if (plan->one_block) return 0;
+  return workspace_layout(*plan, plan->blocks).total;
 }
 
 extern "C" int lze_topk_cuda(const float* energy, int64_t B, int64_t k, float noise_scale,
                              uint32_t seed, const int64_t* step_counter, uint8_t* keep_mask,
                              int64_t* kept_indices, int64_t* num_kept, void* workspace,
+                             const lze::cuda_select::TopkPlan* plan, int32_t device,
                              void* stream_ptr) {
   using namespace lze::cuda_topk;
-  if (B == 0) return cudaSuccess;
   // Counts are uint32 and rows 32-bit Philox counters.
-  if (B < 0 || B > 0x7fffffff || k < 1 || k > B) return cudaErrorInvalidValue;
-  if (!lze::cuda_select::one_block(B) && workspace == nullptr) return cudaErrorInvalidValue;
+  if (B < 1 || B > 0x7fffffff || k < 1 || k > B || plan->B != B) return cudaErrorInvalidValue;
+  if (!plan->one_block && workspace == nullptr) return cudaErrorInvalidValue;
+  const lze::cuda::DeviceGuard guard(device);
+  if (guard.error() != cudaSuccess) return guard.error();
   const TopkArgs a{energy, B, k, noise_scale, seed, step_counter, keep_mask, kept_indices,
                    num_kept};
-  return launch_topk(a, workspace, lze::cuda_select::large_plan(B).blocks, false,
+  return launch_topk(a, *plan, workspace, plan->blocks, false,
                      static_cast<cudaStream_t>(stream_ptr));
 }

@@ -118,7 +118,7 @@ void run_step_case(int64_t B, int64_t G, uint32_t salt) {
   for (int step = 0; step < 2; ++step) {
     const int rc = lze_step_cuda(c.rewards.data(), lze::kF32, c.valid.data(), c.ids.data(), B, G,
                                  c.N, got.records.data(), got.step_counter, adv.data(), p.data(),
-                                 e.data(), m.data(), &got.fault, kParams, nullptr);
+                                 e.data(), m.data(), &got.fault, kParams, 0, nullptr);
     check(rc == 0, "step launch", step);
     expected_step(c, want, adv_w, p_w, e_w, m_w);
     for (int64_t i = 0; i < B; ++i) {
@@ -171,10 +171,12 @@ void run_topk_case(int64_t B, float noise_scale) {
   const int64_t step_counter[2] = {3, 0};
   std::vector<uint8_t> keep(B);
   std::vector<int64_t> kept(k);
-  std::vector<unsigned char> workspace(lze_topk_cuda_workspace_bytes(B));
+  lze::cuda_select::TopkPlan plan{};
+  check(lze_topk_cuda_plan(B, 0, &plan) == 0, "topk plan", B);
+  std::vector<unsigned char> workspace(lze_topk_cuda_workspace_bytes(&plan) + 1);
   int64_t num_kept = -1;
   const int rc = lze_topk_cuda(energy.data(), B, k, noise_scale, 42u, step_counter, keep.data(),
-                               kept.data(), &num_kept, workspace.data(), nullptr);
+                               kept.data(), &num_kept, workspace.data(), &plan, 0, nullptr);
   check(rc == 0, "topk launch", B);
   check_selection(energy, k, noise_scale, 42u, 3u, keep, kept, num_kept);
 }
@@ -190,7 +192,9 @@ void run_select_case(int64_t B, int64_t G, float noise_scale, uint32_t salt) {
   std::vector<uint8_t> keep(B);
   std::vector<int64_t> kept(k);
   std::vector<int32_t> undo(B * lze::kRecordWords);
-  std::vector<unsigned char> workspace(lze_select_step_cuda_workspace_bytes(B, G));
+  lze::cuda_select::TopkPlan plan{};
+  check(lze_select_step_cuda_plan(B, 0, &plan) == 0, "select plan", B);
+  std::vector<unsigned char> workspace(lze_select_step_cuda_workspace_bytes(&plan, G));
   int64_t num_kept = -1;
   int32_t mirror = -1;
   for (int step = 0; step < 2; ++step) {
@@ -205,7 +209,7 @@ void run_select_case(int64_t B, int64_t G, float noise_scale, uint32_t salt) {
     s.momentum = m.data(), s.keep_mask = keep.data(), s.kept_indices = kept.data();
     s.num_kept = &num_kept, s.workspace = workspace.data();
     s.params = kParams, s.noise_scale = noise_scale, s.seed = 11u;
-    check(lze_select_step_cuda(&s, nullptr) == 0, "select step launch", B);
+    check(lze_select_step_cuda(&s, &plan, 0, nullptr) == 0, "select step launch", B);
     for (int64_t row = 0; row < B; ++row) {
       const int64_t id = std::min(std::max<int64_t>(c.ids[row], 0), c.N);
       check(std::equal(undo.begin() + row * lze::kRecordWords,
@@ -254,6 +258,7 @@ __global__ void intrinsics_kernel(unsigned* out, unsigned* counters, float* sum)
   o[6] = slots[(t + 1) % kCheckAlive];
   __syncwarp(t < 32 ? 0xffffffffu : 0xffu);
 }
+LZE_KERNEL_RESOURCES(intrinsics_kernel, 1024, 0);
 
 unsigned expected_intrinsic(unsigned block, unsigned t, int output) {
   const unsigned lane = t % 32, v = block * 1000u + t, base = v - lane;
@@ -301,19 +306,38 @@ void run_intrinsics_check() {
 
 }  // namespace
 
+// The devices of one architecture's limits, blocks started in `order`.
+void use_architecture(int sm, emu::BlockOrder order) {
+  emu::Devices::get().set({emu::architecture(sm)});
+  emu::Registry::get().reset_attributes();
+  lze_cuda_forget_device_shapes();
+  const std::lock_guard<std::mutex> lock(emu::policy_mutex());
+  emu::grid_policy() = emu::GridPolicy{order, static_cast<uint64_t>(sm), 0};
+}
+
 int main() {
   run_intrinsics_check();
-  run_step_case(600, 8, 1);  // tiles of 256 rows (G <= 32): 3 blocks, the last partial
-  run_step_case(12, 40, 2);  // one warp per row, 8 rows per block: 2 blocks
-  run_step_case(6, 3, 3);    // one tile, partial warp of rows
-  // Under tools/emu_tsan.sh (LZE_EMU_SMALL_PLANS) the one-block plan takes up to 2,048 rows and
-  // the three-launch plan tiles of 1,024 (csrc/cuda/selection_plan.h); otherwise 16,384 each.
-  run_topk_case(50, 0.0f);      // one block
-  run_topk_case(300, 0.05f);
-  run_topk_case(2100, 0.05f);   // small plans: prepare + three launches, the last tile 52 rows
-  run_select_case(600, 8, 0.05f, 4);   // one block, the draws and extent from the step kernel
-  run_select_case(2500, 4, 0.05f, 5);  // small plans: three launches over three tiles
-  run_select_case(40, 40, 0.05f, 6);   // the warp-per-row step kernel's extents and draws
+  // Every architecture's limits (and its plans: two 16-bit digits on sm_80 and sm_90, three of
+  // 11, 11 and 10 bits on sm_86 and sm_89), blocks in forward, reverse and random order.
+  const std::pair<int, emu::BlockOrder> runs[] = {{80, emu::BlockOrder::kForward},
+                                                  {86, emu::BlockOrder::kReverse},
+                                                  {89, emu::BlockOrder::kRandom},
+                                                  {90, emu::BlockOrder::kForward}};
+  for (const auto& [sm, order] : runs) {
+    use_architecture(sm, order);
+    run_step_case(600, 8, 1);  // tiles of 256 rows (G <= 32): 3 blocks, the last partial
+    run_step_case(12, 40, 2);  // one warp per row, 8 rows per block: 2 blocks
+    run_step_case(6, 3, 3);    // one tile, partial warp of rows
+    // Under tools/emu_tsan.sh (LZE_EMU_SMALL_PLANS) the one-block plan takes up to 2,048 rows
+    // and the large plan's tiles have at least 1,024 (csrc/cuda/selection_plan.h); otherwise
+    // 16,384 and 4,096.
+    run_topk_case(50, 0.0f);      // one block
+    run_topk_case(300, 0.05f);
+    run_topk_case(2100, 0.05f);   // small plans: prepare + the large plan, the last tile 52 rows
+    run_select_case(600, 8, 0.05f, 4);   // one block, the draws and extent from the step kernel
+    run_select_case(2500, 4, 0.05f, 5);  // small plans: the large plan over three tiles
+    run_select_case(40, 40, 0.05f, 6);   // the warp-per-row step kernel's extents and draws
+  }
   if (failures != 0) {
     std::printf("%d checks failed\n", failures);
     return 1;

@@ -182,7 +182,7 @@ def _finish_program(step_counter_ptr, step, fault_ptr, fault_mirror_ptr):
     ticket = tl.atomic_add(step_counter_ptr + 1, 1)
     is_last = ticket == tl.num_programs(0) - 1
     tl.store(step_counter_ptr, step + 1, mask=is_last)
-    tl.store(step_counter_ptr + 1, 0, mask=is_last)
+    tl.atomic_xchg(step_counter_ptr + 1, 0, mask=is_last)  # a count: atomic, like its tickets
     faults = tl.atomic_or(fault_ptr, 0, mask=is_last)
     tl.store(fault_mirror_ptr, faults, mask=is_last)
 

@@ -93,8 +93,11 @@ def _standard_gumbel(seed64, rows):
 
 @triton.jit
 def _ordered_bits(score):
-    """The score's bits as uint32 in the order of the floats (``ordered_score_bits``)."""
+    """The score's bits as uint32 in the order of the floats (``ordered_score_bits``); a NaN
+    score (+inf energy with noise) as the GPU's canonical NaN 0x7fffffff, above every other
+    score, whatever bits the platform made it with."""
     bits = score.to(tl.uint32, bitcast=True)
+    bits = tl.where(score != score, 0x7FFFFFFF, bits)
     return tl.where((bits & 0x80000000) != 0, bits ^ 0xFFFFFFFF, bits | 0x80000000)
 
 
