@@ -211,7 +211,7 @@ class NativeBackend:
                 energy.data_ptr(), momentum.data_ptr(), fault.data_ptr(), beta, one_minus_beta,
                 d_min, alpha, eps, norm_by_std, prune_after, self._launch_arg(rewards.device),
             )
-            self.runtime.keep_alive(rewards, valid, prompt_ids)  # read by a queued launch
+            self.runtime.keep_alive(rewards, valid, prompt_ids, *outputs)  # a queued launch's
             _check_status(status, f"step ({self.name})")
             return outputs
 
@@ -236,7 +236,7 @@ class NativeBackend:
                 step_counter.data_ptr(), keep_mask.data_ptr(), kept.data_ptr(),
                 num_kept.data_ptr(), *workspace_args, self._launch_arg(energy.device),
             )
-            self.runtime.keep_alive(workspace, energy)  # read by launches still queued
+            self.runtime.keep_alive(workspace, energy, *outputs)  # used by queued launches
             _check_status(status, f"topk ({self.name})")
             return outputs
 
@@ -291,8 +291,9 @@ class NativeBackend:
             status = call.run(rewards.data_ptr(), L.REWARD_DTYPE_CODES[rewards.dtype],
                               0 if valid is None else valid.data_ptr(), prompt_ids.data_ptr(), 0,
                               self._launch_arg(rewards.device))
-            # read by launches still queued (see _topk_workspace)
-            self.runtime.keep_alive(workspace, rewards, valid, prompt_ids)
+            # read or written by launches still queued (see _topk_workspace): a captured graph
+            # keeps them as long as it lives, as a CUDA graph's private pool does
+            self.runtime.keep_alive(workspace, rewards, valid, prompt_ids, *outputs)
             _check_status(status, f"select_step ({self.name})")
             return outputs
 

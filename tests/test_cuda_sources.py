@@ -2,8 +2,10 @@
 threads through the emulator, are compared with the reference by tests/test_backends.py as the
 ``cuda_emulated`` backend.)
 
-* nvcc compiles both for sm_80 and sm_90 with warnings as errors and --fmad=false; ptxas
-  resource usage goes to benchmarks/results/cuda_resources.json and register spills fail;
+* nvcc compiles them for sm_80, sm_86, sm_89 and sm_90 with warnings as errors and
+  --fmad=false; ptxas resource usage goes to benchmarks/results/cuda_resources.json, register
+  spills fail, and each kernel's static shared memory is what it declares to the emulator
+  (LZE_KERNEL_RESOURCES), which checks launches and opt-ins against it;
 * the emulator in OS-thread mode under ThreadSanitizer reports no race (tools/emu_tsan.sh).
 """
 
@@ -24,7 +26,7 @@ SOURCES = ("lze_select", "lze_step", "lze_topk")
 # plus prepare_kernel for a top-k alone; a checked selection step copies its undo records).
 KERNELS = ("lze_step_kernel", "lze_step_tile_kernel", "small_topk_kernel", "prepare_kernel",
            "score_kernel", "refine_kernel", "write_kernel", "undo_kernel")
-ARCHS = ("sm_80", "sm_90")
+ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90")
 RESOURCES_JSON = ROOT / "benchmarks" / "results" / "cuda_resources.json"
 NVCC = shutil.which("nvcc")
 GXX = shutil.which("g++")
@@ -85,6 +87,25 @@ def test_nvcc_builds_without_spills(cuda_resources, arch):
     for name, res in kernels.items():
         assert res["spill_store_bytes"] == 0 and res["spill_load_bytes"] == 0, (name, res)
         assert res["registers"] <= 64, (name, res)
+
+
+def declared_resources() -> dict[str, tuple[str, int]]:
+    """kernel -> (max threads, static shared bytes) as LZE_KERNEL_RESOURCES declares them."""
+    declared = {}
+    for source in sorted((CSRC / "cuda").glob("*.cu")):
+        for m in re.finditer(r"LZE_KERNEL_RESOURCES\((\w+),\s*([\w:]+),\s*(\d+)\)",
+                             source.read_text()):
+            declared[m[1]] = (m[2], int(m[3]))
+    return declared
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_each_kernel_declares_its_static_shared_memory_to_the_emulator(cuda_resources, arch):
+    declared = declared_resources()
+    assert sorted(declared) == sorted(KERNELS)
+    for name, res in cuda_resources[arch].items():
+        kernel = next(k for k in KERNELS if k in name)
+        assert declared[kernel][1] == res["smem_bytes"], (arch, kernel, res)
 
 
 # ----------------------------------------------------------------------------- ThreadSanitizer

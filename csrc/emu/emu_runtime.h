@@ -8,7 +8,9 @@
 //  * worker: a stream's items run on a thread of the stream's own, after the call returns, in
 //    stream order; items of different streams run concurrently unless an event orders them;
 //  * held: as worker, but nothing runs until the host synchronises (a stream, an event, the
-//    device): the widest window a GPU's asynchrony can open, for tests of host-side ordering.
+//    device), and then only what that synchronisation waits for (the stream's items and the
+//    items of other streams they wait on through events): the widest window a GPU's
+//    asynchrony can open, for tests of host-side and cross-stream ordering.
 // Host-mapped memory a kernel writes is written when the kernel runs, not when it is queued.
 // A stream being captured (cudaStreamBeginCapture) records its items into a graph instead; a
 // synchronisation while capturing fails and invalidates the capture, as on a GPU.
@@ -79,8 +81,9 @@ struct Graph {
 
 struct Stream {
   int device;
-  std::deque<std::pair<uint64_t, Item>> queue;  // (order of queueing, process-wide; the item)
+  std::deque<std::pair<uint64_t, Item>> queue;  // (the item's number on this stream, the item)
   uint64_t queued = 0, completed = 0;           // items of this stream
+  uint64_t released = 0;                        // held mode: items that may run
   Graph* capture = nullptr;                     // while capturing
   bool capture_invalidated = false;
   std::thread worker;
@@ -140,8 +143,7 @@ class Runtime {
       changed_.notify_all();
       return cudaSuccess;
     }
-    s->queue.emplace_back(++sequence_, std::move(item));
-    ++s->queued;
+    s->queue.emplace_back(++s->queued, std::move(item));
     if (!s->worker.joinable()) s->worker = std::thread([this, s] { serve(s); });
     changed_.notify_all();
     return cudaSuccess;
@@ -155,7 +157,7 @@ class Runtime {
       return cudaErrorStreamCaptureUnsupported;
     }
     if (any_capturing()) return cudaErrorStreamCaptureUnsupported;
-    released_ = sequence_;
+    release(s, s->queued);
     changed_.notify_all();
     changed_.wait(lock, [s] { return s->completed == s->queued; });
     return sticky_[s->device];
@@ -197,7 +199,7 @@ class Runtime {
     std::unique_lock<std::mutex> lock(mutex_);
     if (any_capturing()) return cudaErrorStreamCaptureUnsupported;
     if (e.stream == nullptr) return cudaSuccess;
-    released_ = sequence_;
+    release(e.stream, e.target);
     changed_.notify_all();
     changed_.wait(lock, [&e] { return e.stream->completed >= e.target; });
     return sticky_[e.stream->device];
@@ -304,6 +306,15 @@ class Runtime {
     return defaults_[device];
   }
 
+  // Held mode: the items of `s` up to number `upto` may run, and what they wait on.
+  void release(Stream* s, uint64_t upto) {
+    if (upto <= s->released) return;
+    s->released = upto;
+    for (const auto& [number, item] : s->queue) {
+      if (number <= upto && item.wait_stream != nullptr) release(item.wait_stream, item.wait_target);
+    }
+  }
+
   bool any_capturing() const {
     for (const auto& s : streams_) {
       if (s->capture != nullptr) return true;
@@ -330,8 +341,8 @@ class Runtime {
 
   bool ready(Stream* s) const {
     if (s->queue.empty()) return false;
-    const auto& [order, item] = s->queue.front();
-    if (mode_ == Mode::kHeld && order > released_) return false;
+    const auto& [number, item] = s->queue.front();
+    if (mode_ == Mode::kHeld && number > s->released) return false;
     return item.wait_stream == nullptr || item.wait_stream->completed >= item.wait_target;
   }
 
@@ -342,7 +353,6 @@ class Runtime {
   std::array<cudaError_t, kMaxDevices> sticky_{};
   std::string fault_message_;
   Mode mode_ = Mode::kImmediate;
-  uint64_t sequence_ = 0, released_ = 0;
   bool stopping_ = false;
 };
 
