@@ -160,6 +160,21 @@ def test_make_block_names_makefile_targets():
     assert {c[1] for c in commands if c} <= targets
 
 
+def test_make_stops_at_a_python_it_is_not_for_naming_the_fix(tmp_path):
+    """make with a Python the pinned sets are not resolved for stops before anything runs, with
+    the fix in its message (today's python3 may be 3.10, which failed deep in pip)."""
+    old = tmp_path / "python3"
+    old.write_text("#!/bin/sh\necho 3.10\n")
+    old.chmod(0o755)
+    out = subprocess.run(["make", "-n", "setup", f"PYTHON={old}"], cwd=ROOT, capture_output=True,
+                         text=True)
+    assert out.returncode != 0 and out.stdout == ""
+    assert "Python 3.10" in out.stderr and "make PYTHON=python3.12 setup" in out.stderr
+    ok = subprocess.run(["make", "-n", "setup", f"PYTHON={sys.executable}"], cwd=ROOT,
+                        capture_output=True, text=True)
+    assert "this needs Python" not in ok.stderr
+
+
 # ----------------------------------------------------------------------------- slow
 
 

@@ -3,8 +3,11 @@ rendered blocks and pages are current, a planted stale block, a changed results 
 that does not name its source's commit and machine all fail, and no page has a figure in its prose
 outside a rendered block, except the pages and sections listed here with the reason."""
 
+import json
+import os
 import re
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -173,3 +176,77 @@ def test_every_page_the_renderer_writes_is_listed_and_generated():
     for name in render_docs.PAGES:
         assert name in render_docs.GENERATED
         assert "do not edit by hand" in (ROOT / name).read_text()
+
+
+# ----------------------------------------------------------------------------- make bench
+
+
+def registered_digests() -> dict[str, str]:
+    """Each registered results file's SHA-256, by path."""
+    registry = render_docs.tomllib.loads((ROOT / render_docs.REGISTRY).read_text())
+    return {entry["path"]: render_docs.digest(ROOT / entry["path"]) for entry in registry.values()}
+
+
+def make_bench_commands(*variables: str) -> list[str]:
+    """The commands `make bench` runs after its set-up (make -n: nothing runs)."""
+    out = subprocess.run(["make", "-n", "--no-print-directory", "bench",
+                          f"PYTHON={sys.executable}", *variables], cwd=ROOT, capture_output=True,
+                         text=True, check=True).stdout.replace("\\\n", " ")
+    lines = out.splitlines()
+    start = max(i for i, line in enumerate(lines) if line.startswith("mkdir -p "))
+    return lines[start:]
+
+
+def test_make_bench_writes_into_its_run_folder_and_records_only_when_asked(tmp_path):
+    run = str(tmp_path / "run")
+    commands = make_bench_commands(f"BENCH_RUN={run}")
+    assert commands[0] == f"mkdir -p {run}"
+    assert f"LZE_BENCH_RUN={run} " in commands[1]
+    assert f"--benchmark-json={run}/benchmarks.json" in commands[1]
+    assert commands[2].endswith(f"benchmarks/report.py {run}/benchmarks.json")
+    assert len(commands) == 3 and "--record" not in " ".join(commands)
+    recorded = make_bench_commands(f"BENCH_RUN={run}", "RECORD=1")
+    assert recorded[3].endswith(f"tools/render_docs.py --record {run}")
+
+
+def test_no_benchmark_writes_to_the_registered_results():
+    """Every benchmark module writes through bench_common.run_file: only bench_common (which
+    starts a new run's table from the registered one) and report.py (which reads the GPU suites'
+    resource files) name benchmarks/results/."""
+    naming = [path.name for path in (ROOT / "benchmarks").glob("*.py")
+              if re.search(r"""["']results["']""", path.read_text())]
+    assert sorted(naming) == ["bench_common.py", "report.py"]
+
+
+def test_a_benchmark_run_leaves_the_registered_results_as_they_were(tmp_path):
+    """The cheapest writer, the host-cost benchmark, run as make bench runs it: its files land in
+    the run folder with run.json, and no registered results file changes."""
+    before = registered_digests()
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          "benchmarks/test_bench_step.py", "-k", "host_cost"], cwd=ROOT,
+                         env={**os.environ, "LZE_BENCH_RUN": str(tmp_path)},
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert registered_digests() == before
+    assert {"host_cost.json", "host_cost.md", "run.json"} <= {p.name for p in tmp_path.iterdir()}
+    meta = json.loads((tmp_path / "run.json").read_text())
+    assert re.fullmatch(r"[0-9a-f]{7}", meta["commit"]) and meta["machine"]
+
+
+def test_recording_a_bench_run_copies_its_files_and_records_the_registered_ones(tmp_path):
+    (tmp_path / "root").mkdir()
+    root = copy_of_the_pages(tmp_path / "root")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "host_cost.json").write_text('{"median_us": {"fused_off": 1.0}}\n')
+    (run / "topk_scaling.md").write_text("| a |\n|---|\n| 1 |\n")
+    meta = {"commit": "abc1234", "uncommitted_changes": False, "machine": "a 4-core ARM64 CPU"}
+    (run / "run.json").write_text(json.dumps(meta))
+    assert render_docs.record_run(run, root) == ["host_cost"]
+    source = render_docs.load_sources(root)["host_cost"]
+    assert source["median_us"]["fused_off"] == 1.0
+    assert source.at == "at `abc1234` on a 4-core ARM64 CPU"
+    assert (root / "benchmarks" / "results" / "topk_scaling.md").read_text().startswith("| a |")
+    (run / "run.json").write_text(json.dumps({**meta, "uncommitted_changes": True}))
+    with pytest.raises(render_docs.RenderError, match="uncommitted changes"):
+        render_docs.record_run(run, root)

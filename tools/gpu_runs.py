@@ -23,6 +23,12 @@ CHECK_FILE = "gpu_check.json"
 LEAN_FILE = "lean-baseline.json"
 
 
+def article(name: str) -> str:
+    """A device's name with its article: "an NVIDIA H100", "a GPU" ("an" where the first letter
+    is said with a vowel sound)."""
+    return ("an " if name[:1].upper() in "AEFHILMNORSX" else "a ") + name
+
+
 def calls(folder: Path) -> list[tuple[str, dict]]:
     """The folder's check calls in order: gpu_check.json, then the other check JSONs by name."""
     files = sorted(p for p in Path(folder).glob("*.json") if p.name not in (CHECK_FILE, LEAN_FILE))
@@ -79,9 +85,8 @@ class GpuRun:
     @property
     def card(self) -> str:
         """The device as the preflight read it, e.g. "an NVIDIA H100 80GB HBM3"."""
-        name = self.results["stages"].get("preflight", {}).get("device", {}).get("name", "GPU")
-        # "an" where the first letter is said with a vowel sound (an NVIDIA H100, an AMD MI300)
-        return ("an " if name[:1].upper() in "AEFHILMNORSX" else "a ") + name
+        return article(self.results["stages"].get("preflight", {}).get("device", {}).get(
+            "name", "GPU"))
 
     @property
     def date(self) -> str:

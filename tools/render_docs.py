@@ -5,6 +5,9 @@
                                              # or figure in prose without a source
     python tools/render_docs.py --record benchmarks/results/step_cpu.md [--name step_cpu]
                                              [--commit abc1234] [--machine "a 2-core x86-64 CPU"]
+    python tools/render_docs.py --record benchmarks/runs/20261128-101500
+                                             # a `make bench` run: its files into
+                                             # benchmarks/results/, the registered ones recorded
 
 **Sources.** docs/figure-sources.toml lists the results files the pages may quote, each under a
 name with what measured it: the commit whose tree ran it, the machine by its hardware (a GPU
@@ -45,6 +48,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import string
 import subprocess
 import sys
@@ -515,6 +519,29 @@ def record(path: str, name: str | None, commit: str | None, machine: str | None,
     return name
 
 
+RESULTS = "benchmarks/results"
+
+
+def record_run(folder: Path, root: Path = ROOT) -> list[str]:
+    """A benchmark run folder (benchmarks/conftest.py: its results and run.json) recorded: every
+    file copied into benchmarks/results/, each registered one recorded with the run's commit and
+    machine; the names recorded. Refused when the run's tree had uncommitted changes (its
+    figures would be of no commit)."""
+    meta = json.loads((folder / "run.json").read_text())
+    if meta["uncommitted_changes"]:
+        raise RenderError(f"{folder}: the tree that ran it had uncommitted changes; commit them "
+                          "and run the benchmarks again (make bench)")
+    registry = tomllib.loads((root / REGISTRY).read_text())
+    registered = {entry["path"]: name for name, entry in registry.items()}
+    names = []
+    for file in sorted(p for p in folder.iterdir() if p.is_file() and p.name != "run.json"):
+        path = f"{RESULTS}/{file.name}"
+        shutil.copyfile(file, root / path)
+        if path in registered:
+            names.append(record(path, registered[path], meta["commit"], meta["machine"], root))
+    return names
+
+
 REGISTRY_HEAD = """\
 # The results files the README and docs quote (tools/render_docs.py), by name: the commit whose
 # tree measured each, the machine by its hardware (a GPU run's card comes from its preflight),
@@ -541,6 +568,15 @@ def main(argv=None) -> int:
     parser.add_argument("--commit")
     parser.add_argument("--machine")
     args = parser.parse_args(argv)
+    if args.record and (Path(args.record) / "run.json").exists():
+        try:
+            names = record_run(Path(args.record).resolve())
+        except RenderError as exc:
+            print(f"render_docs: {exc}", file=sys.stderr)
+            return 1
+        print(f"recorded {', '.join(names) or 'no registered file'}; now run "
+              "python tools/render_docs.py")
+        return 0
     if args.record:
         print(f"recorded {record(args.record, args.name, args.commit, args.machine)}")
         return 0
