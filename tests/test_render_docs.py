@@ -250,3 +250,108 @@ def test_recording_a_bench_run_copies_its_files_and_records_the_registered_ones(
     (run / "run.json").write_text(json.dumps({**meta, "uncommitted_changes": True}))
     with pytest.raises(render_docs.RenderError, match="uncommitted changes"):
         render_docs.record_run(run, root)
+
+
+# ----------------------------------------------------------------------------- of which code
+
+
+def git(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+
+
+def known(commit: str) -> bool:
+    return git("cat-file", "-e", f"{commit}^{{commit}}").returncode == 0
+
+
+def run_sources() -> dict:
+    return {name: s for name, s in render_docs.load_sources(ROOT).items()
+            if isinstance(s, render_docs.RunSource)}
+
+
+def test_each_gpu_run_names_the_first_later_change_of_the_kernels():
+    """A GPU run's registry entry names the first commit after its own that changed the kernel
+    sources (what the README and docs/gpu-results.md say of its code), and names none when
+    there is none: a kernel change after a run's commit fails here until the entry says so."""
+    registry = render_docs.tomllib.loads((ROOT / render_docs.REGISTRY).read_text())
+    for name in run_sources():
+        last = registry[name]["commit"].split()[-1]
+        if not known(last):
+            pytest.skip(f"{last} is not in this clone's history")
+        changes = git("rev-list", "--reverse", f"{last}..HEAD", "--",
+                      *render_docs.KERNEL_SOURCES).stdout.split()
+        recorded = registry[name].get("kernels_changed")
+        if not changes:
+            assert recorded is None, name
+        else:
+            assert recorded and git("rev-parse", recorded).stdout.strip() == changes[0], \
+                f"{name}: the kernels first changed in {changes[0][:7]} after {last}"
+
+
+def test_each_gpu_runs_files_name_the_script_that_wrote_them():
+    """provenance.json of each run folder names, for every results file, the script that wrote
+    it, at a commit that has it, and the conditions of its timings."""
+    for source in run_sources().values():
+        folder = source.path
+        provenance = json.loads((folder / "provenance.json").read_text())
+        assert set(provenance) == {p.name for p in folder.glob("*.json")} - {"provenance.json"}
+        for entry in provenance.values():
+            assert entry["conditions"]
+            script = entry["script"].split()[0]
+            for commit in entry["commit"].split(" and "):
+                if known(commit):
+                    assert git("cat-file", "-e", f"{commit}:{script}").returncode == 0, \
+                        f"{script} is not in {commit}"
+
+
+def test_the_launch_counts_are_the_built_modules():
+    """benchmarks/results/launches.json (tools/count_launches.py, counted in the emulator) is of
+    today's CUDA plans: after a change of the plans, `python tools/count_launches.py` again."""
+    from lze_kernels import available_backends, native
+
+    if "cuda_emulated" not in available_backends("cpu"):
+        pytest.skip("the CUDA emulator is not built")
+    import count_launches
+
+    module = native.CUDA_EMULATED.module
+    data = json.loads((ROOT / count_launches.RESULTS).read_text())
+    edges = count_launches.boundaries(lambda b: module.select_step_launches(b, 0))
+    assert [span["from"] for span in data["spans"][1:]] == edges, \
+        "the CUDA plans changed: run python tools/count_launches.py"
+    for row in data["rows"]:
+        assert (row["launches"], row["checked"]) == (module.select_step_launches(row["B"], 0),
+                                                     module.select_step_launches(row["B"], 1))
+
+
+def test_launch_counts_are_merged_into_spans_and_words():
+    import count_launches
+
+    def count(batch):
+        return 2 if batch <= 100 else 4 if batch <= 5000 else 7
+
+    assert count_launches.boundaries(count, top=1 << 20) == [101, 5001]
+    rows = [{"B": b, "launches": count(b), "checked": count(b) + 1}
+            for b in (1, 100, 101, 5000, 5001, 1 << 20)]
+    spans = count_launches.spans(rows)
+    assert [(s["from"], s["to"], s["launches"]) for s in spans] == [
+        (1, 100, 2), (101, 5000, 4), (5001, 1 << 20, 7)]
+    assert count_launches.words(spans) == (
+        "2 at B = 1 to 100 and 4 at B = 101 to 5,000 and 7 at B = 5,001 to 1,048,576 "
+        "(1 more with `check_inputs=True`: its undo copy)")
+
+
+def test_a_markdown_source_reads_across_tables_under_headings_and_in_its_prose(tmp_path):
+    root = copy_of_the_pages(tmp_path)
+    (root / "benchmarks" / "results" / "t.md").write_text(
+        "Medians of steps 2-8; load average 2.0\n\n## Greedy\n\n| m | a |\n|---|---|\n| x | 1 |\n\n"
+        "| m | b |\n|---|---|\n| x | 2 |\n\n## Sampled\n\n| m | a |\n|---|---|\n| x | 3 |\n")
+    render_docs.record("benchmarks/results/t.md", None, "abc1234", None, root=root)
+    source = render_docs.load_sources(root)["t"]
+    assert (source["x"]["a"], source["x"]["b"]) == ("1", "2")
+    assert source.sections["Sampled"]["x"]["a"] == "3" and source.says["load average"] == "2.0"
+    with pytest.raises(render_docs.RenderError, match="says nothing after 'load peak'"):
+        source.says["load peak"]
+
+
+def test_a_gpu_runs_code_says_whether_todays_kernels_are_it():
+    text = render_docs.render_template("{gpu_h100.code}", render_docs.load_sources(ROOT), "x:1")
+    assert text.startswith("today's kernels are not this code: `2901552` changed them (")
