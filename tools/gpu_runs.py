@@ -219,10 +219,9 @@ class GpuRun:
         bench against PlainTorchSelector (feature parity), its compiled form only where it was
         faster than its eager one."""
         timer, other = self.timers
-        lines = [f"| B | fused CUDA step, {timer} / {other} | lean PyTorch step, `torch.compile`, "
-                 f"{timer} | fused CUDA vs lean compiled | fused Triton step, {timer} (vs lean "
-                 f"compiled) | `PlainTorchSelector` (feature parity) vs fused CUDA, {HOST}: eager "
-                 "/ `torch.compile` |", "|---:|---:|---:|---|---:|---:|"]
+        lines = [f"| B | fused CUDA, {timer} / {other} | lean step compiled, {timer} | fused CUDA "
+                 f"vs lean | fused Triton, {timer} (vs lean) | `PlainTorchSelector` eager / "
+                 f"compiled vs fused, {HOST} |", "|---:|---:|---:|---|---:|---:|"]
         for r in self.lean_rows():
             triton = (f"{_us(r['triton'])} ({r['triton_vs_lean_compile']:.2f}x)"
                       if r["triton"] else "-")
