@@ -488,9 +488,15 @@ def stale(root: Path = ROOT) -> list[str]:
 
 # ============================================================================ figures in prose
 
-# A measured figure: a number with a unit of time, memory, speed or share, or a ratio.
-FIGURE = re.compile(r"(?<![\w.\-/])\d[\d,]*(?:\.\d+)?(?:\s?(?:ms|us|µs|s|GiB|GB|MiB|MB|TFLOP/s|"
-                    r"GB/s|min|minutes|seconds|hours)\b|\s?%|x\b)")
+# A measured figure: a number or a range of numbers ("89-288 us", "0.99-1.09x", "-2.9 points")
+# with a unit of time (CPU seconds too), memory, speed, share or score, or a ratio; or a count of
+# test outcomes or kernel launches ("2,160 passed", "launches: 2").
+_UNSIGNED = r"\d[\d,]*(?:\.\d+)?"
+_UNIT = (r"(?:\s?(?:CPU\s)?(?:ms|us|µs|s|GiB|GB|MiB|MB|KiB|TFLOP/s|GB/s|tokens/s|min|minutes|"
+         r"seconds|hours|points|nats)\b|\s?%|x\b|\s(?:passed|failed|skipped|errors?|failures|"
+         r"hazards|kernel launches|launches|host syncs?|syncs)\b)")
+FIGURE = re.compile(rf"(?<![\w.\-/])[-+−]?{_UNSIGNED}(?:\s?(?:-|–|to)\s?{_UNSIGNED})?{_UNIT}"
+                    r"|\b(?:launches|syncs):?\s\d[\d,]*")
 CODE = re.compile(r"^```.*?^```|`[^`\n]*`", re.M | re.S)
 # A section still typed until its results file exists (tests/test_render_docs.py fails once the
 # file exists): <!-- typed until benchmarks/results/step_cpu.md --> ... <!-- end typed -->
@@ -551,12 +557,14 @@ def newest_run(sources: dict[str, Source]) -> str:
 
 def runs_table(sources: dict[str, Source]) -> str:
     """docs/gpu-check.md's list of runs: one line per GPU run, newest first."""
-    lines = ["| run | card | commit | stages | goals |", "|---|---|---|---|---|"]
+    lines = ["| run | card | commit | today's kernels | stages | goals |",
+             "|---|---|---|---|---|---|"]
     for name in sorted((n for n, s in sources.items() if isinstance(s, RunSource)),
                        key=lambda n: sources[n].run.results.get("started_utc", ""), reverse=True):
         source = sources[name]._mark()
         link = f"[{source.path.name}](gpu-runs/{source.path.name})"
-        lines.append(f"| {link} | {source.machine} | {source.commit} | "
+        today = f"changed since, in `{source._changed}`" if source._changed else "this code"
+        lines.append(f"| {link} | {source.machine} | {source.commit} | {today} | "
                      f"{source.run.stages_line()} | {source.run.goals_met()} |")
     return "\n".join(lines)
 
