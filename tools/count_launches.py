@@ -1,9 +1,9 @@
 """Kernel launches of one CUDA selection step at every plan boundary, counted in the CUDA emulator
 (the unchanged .cu kernels on CPU threads: ``cuda_emulated``), written to
-benchmarks/results/launches.json and recorded in docs/figure-sources.toml; the README renders it.
-After changing the CUDA plans (csrc/cuda/selection_plan.h, lze_select.cu), commit, then:
+benchmarks/results/launches.json, recorded in docs/figure-sources.toml and rendered into the
+README. After changing the CUDA plans (csrc/cuda/selection_plan.h, lze_select.cu), commit, then:
 
-    make build && .venv/bin/python tools/count_launches.py && .venv/bin/python tools/render_docs.py
+    make build && .venv/bin/python tools/count_launches.py
 
 The boundaries are where the module's own count (``select_step_launches``) changes between 1 and
 :data:`MAX_ROWS` rows; a step is run on each side of each, and at both ends, unchecked and with
@@ -127,7 +127,7 @@ def main(argv=None) -> int:
         return 1
     (ROOT / RESULTS).write_text(json.dumps(measure(), indent=1) + "\n")
     print(f"wrote {RESULTS}; recorded as {render_docs.record(RESULTS, 'launches', None, MACHINE)}")
-    return 0
+    return render_docs.main([])
 
 
 if __name__ == "__main__":
