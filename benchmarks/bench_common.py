@@ -1,5 +1,5 @@
-"""What every benchmark here shares: fresh inputs per round, the timing loop, and the results
-files that collect cases across runs.
+"""What every benchmark here shares: fresh inputs per round, the timing loop, and the run folder
+its results files go to.
 
 Each round gets fresh binary rewards and fresh distinct ids, made on the device outside the timed
 region from a seed that depends only on (B, G), so every variant sees the same sequence of inputs. On a GPU the
@@ -10,11 +10,18 @@ kernels of one call are recorded as well.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
 from pathlib import Path
 
 import torch
+
+# A run's results go to a folder of its own (benchmarks/conftest.py names it), never to the
+# registered results the docs render (benchmarks/results/): `python tools/render_docs.py --record
+# RUN_FOLDER` copies a run's files there and records them.
+RUN_ENV = "LZE_BENCH_RUN"
+RESULTS = Path(__file__).resolve().parent / "results"
 
 # The (B, G) grid of the step benchmarks.
 BATCHES = (512, 2048, 8192, 16384, 65536)
@@ -113,11 +120,21 @@ def _kernel_launches(step, inputs) -> int:
     return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
 
 
+def run_file(name: str) -> Path:
+    """``name`` in this run's folder ($LZE_BENCH_RUN), which it creates."""
+    folder = Path(os.environ[RUN_ENV])
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / name
+
+
 def merge_result(path: Path, case: str, value: dict) -> dict:
-    """Write ``value`` as ``case`` into the JSON table at ``path``, keeping the cases that other
-    runs recorded there; returns the whole table."""
+    """Write ``value`` as ``case`` into the JSON table at ``path`` (a file of the run folder),
+    keeping the cases recorded there: by this run, or, in a new run folder, by the registered
+    table of the same name (benchmarks/results/), so a run of some cases records the others as
+    they were. Returns the whole table."""
     path = Path(path)
-    table = json.loads(path.read_text()) if path.exists() else {}
+    start = path if path.exists() else RESULTS / path.name
+    table = json.loads(start.read_text()) if start.exists() else {}
     table[case] = value
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(table, indent=1))

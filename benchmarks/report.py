@@ -1,9 +1,11 @@
 """Turn the pytest-benchmark JSON of test_bench_step.py into a page of medians and ratios (each
 named by its baseline, the strongest measured first) and a plot of time against B, and fold in
-the per-kernel resources the GPU suites write.
+the per-kernel resources the GPU suites write (benchmarks/results/*_resources*.json).
 
-Usage: python benchmarks/report.py benchmarks/results/benchmarks.json [--name summary]
-(writes results/<name>.md and results/<name>.png; docs/benchmarks.md renders step_cpu.md)
+Usage: python benchmarks/report.py RUN_FOLDER/benchmarks.json [--name NAME]
+(writes NAME.md and NAME.png beside the JSON, in the run folder `make bench` made; NAME is by
+default step_cpu or step_cuda, the device the steps ran on; docs/benchmarks.md renders
+step_cpu.md once recorded: python tools/render_docs.py --record RUN_FOLDER)
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parent / "results"  # the GPU suites' resource files
 VARIANTS = ("fused", "torch_lean", "torch_lean_compile", "torch_plain", "torch_plain_compile",
             "python_loop", "floor")
 # What a user could run instead of the fused step (the floor is a bound, not an alternative).
@@ -52,11 +54,19 @@ def step_seconds(bench: dict) -> float:
     return bench["extra_info"].get("device_median_s", bench["stats"]["median"])
 
 
+def device_of(data: dict) -> str:
+    """"cuda" when any benchmark of the run ran on a GPU, else "cpu"."""
+    devices = {b["extra_info"].get("device") for b in data["benchmarks"]}
+    return "cuda" if "cuda" in devices else "cpu"
+
+
 def load_times(data: dict) -> dict:
     """{(B, G): {variant: extra_info + seconds (median) + best (fastest round, host)}}."""
     table = defaultdict(dict)
     for bench in data["benchmarks"]:
         info = bench["extra_info"]
+        if "variant" not in info:  # a benchmark with a results file of its own (host cost)
+            continue
         table[info["B"], info["G"]][info["variant"]] = {
             **info, "seconds": step_seconds(bench), "best": bench["stats"]["min"]}
     return dict(sorted(table.items()))
@@ -332,14 +342,17 @@ def plot(times: dict, path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("json", type=Path, help="pytest-benchmark --benchmark-json output")
-    parser.add_argument("--name", default="summary",
-                        help="writes results/<name>.md and results/<name>.png")
+    parser.add_argument("--name", help="writes NAME.md and NAME.png beside the JSON (default: "
+                        "step_cpu or step_cuda, the device the steps ran on)")
     args = parser.parse_args()
     data = json.loads(args.json.read_text())
     times = load_times(data)
+    if not times:  # no step benchmark ran: no page (a recorded one must not be emptied)
+        print(f"{args.json}: no step benchmark in this run; no report written")
+        return
     text = summary(data, times)
-    RESULTS.mkdir(exist_ok=True)
-    page, figure = RESULTS / f"{args.name}.md", RESULTS / f"{args.name}.png"
+    name = args.name or f"step_{device_of(data)}"
+    page, figure = (args.json.parent / f"{name}{suffix}" for suffix in (".md", ".png"))
     page.write_text(text)
     plot(times, figure)
     print(text)

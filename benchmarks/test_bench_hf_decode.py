@@ -8,7 +8,7 @@ a small vocabulary and at Qwen2.5's 151,936, 64 sampled rows of 64 new tokens (n
 sequence: every call decodes all 64), fp32 on a CPU and bf16 on a GPU. The two decoders alternate
 call by call after a first call each (steps built, caches warm); each is the median of its
 calls, and the ratio is the static decoder's over ``generate``'s. Results:
-``benchmarks/results/hf_decode.json`` and ``.md``.
+``hf_decode.json`` and ``.md`` in the run folder (bench_common.run_file).
 """
 
 import os
@@ -23,9 +23,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
-from bench_common import merge_result  # noqa: E402
+from bench_common import merge_result, run_file  # noqa: E402
 
-RESULTS = ROOT / "benchmarks" / "results"
 ROWS, TOKENS, CALLS = 64, 64, 3
 VOCABS = (512, 151_936)
 
@@ -85,7 +84,7 @@ def test_hf_decode_call(benchmark, tmp_path, device, vocab):
 
 
 def _record(case: str, summary: dict) -> None:
-    table = merge_result(RESULTS / "hf_decode.json", case,
+    table = merge_result(run_file("hf_decode.json"), case,
                          {**summary, "load_average": os.getloadavg()})
     lines = [f"Seconds per hf-engine call of {ROWS} sampled rows x {TOKENS} new tokens (Qwen2, "
              "hidden 256, 2 layers, 4 / 2 heads; median of alternating calls); ratio = the "
@@ -96,4 +95,4 @@ def _record(case: str, summary: dict) -> None:
         load = ", ".join(f"{x:.1f}" for x in row["load_average"])
         lines.append(f"| {name} | {row['static_s']:.3f} | {row['generate_s']:.3f} | "
                      f"{row['ratio']:.2f}x | {row['compile_s']:.2f} | {load} |")
-    (RESULTS / "hf_decode.md").write_text("\n".join(lines) + "\n")
+    run_file("hf_decode.md").write_text("\n".join(lines) + "\n")

@@ -1,5 +1,5 @@
 """Cost of LZE selection inside the trainers' loops (integrations), written to
-results/integrations.json and printed; report.py (the kernel benchmark report) does not read it.
+integrations.json in the run folder and printed; report.py (the kernel benchmark report) does not read it.
 (verl's: benchmarks/test_bench_verl_hook.py, run in .venv-verl.)
 
 * TRL: seconds per training step of ``GRPOTrainer`` and of ``LZEGRPOTrainer`` (method "lze",
@@ -19,16 +19,15 @@ import time
 
 import pytest
 import torch
-from bench_common import merge_result
+from bench_common import merge_result, run_file
 
 from lze_kernels import LZEConfig
 
-RESULTS = os.path.join(os.path.dirname(__file__), "results", "integrations.json")
 
 
 def _record(key: str, value: dict) -> None:
     value = {**value, "load_average": os.getloadavg()}
-    merge_result(RESULTS, key, value)
+    merge_result(run_file("integrations.json"), key, value)
     print(key, json.dumps(value))
 
 

@@ -10,7 +10,7 @@ correctness oracle, not a speed anchor: it is not timed. Inputs and timing: benc
 
 ``test_host_cost_of_one_step`` times what a step costs the host at B = 16, G = 8 on one thread,
 where the kernels' own work is a few microseconds: the fused call unchecked ("off") and with its
-default check, against the lean step eager, interleaved in one run (results/host_cost.json).
+default check, against the lean step eager, interleaved in one run (host_cost.json in the run folder).
 """
 
 from __future__ import annotations
@@ -19,12 +19,11 @@ import json
 import os
 import statistics
 import time
-from pathlib import Path
 
 import pytest
 import torch
 from baselines import PythonLoopSelector
-from bench_common import BATCHES, GROUPS, RoundInputs, run_benchmark, unchecked
+from bench_common import BATCHES, GROUPS, RoundInputs, run_benchmark, run_file, unchecked
 from torch_baselines import LeanTorchStep, PlainTorchSelector
 
 from lze_kernels import LZEConfig, LZESelector
@@ -102,7 +101,6 @@ def test_step(benchmark, device, batch, group, variant):
 HOST_COST_SHAPE = (16, 8)  # (B, G): the kernels' own work is a few microseconds
 HOST_COST_GOALS = {"fused_off": 0.2, "fused_default": 0.25}  # x the lean step eager, at most
 HOST_COST_CALLS, HOST_COST_REPEATS, HOST_COST_BATCHES = 200, 21, 64
-HOST_COST_JSON = Path(__file__).parent / "results" / "host_cost.json"
 
 
 def _host_cost_variants(num_prompts: int) -> dict:
@@ -153,9 +151,8 @@ def test_host_cost_of_one_step(benchmark, monkeypatch):
               "calls_per_repeat": HOST_COST_CALLS, "repeats": HOST_COST_REPEATS,
               "load_average_before": load_before, "load_average_after": load_after,
               "cpu_count": os.cpu_count()}
-    HOST_COST_JSON.parent.mkdir(parents=True, exist_ok=True)
-    HOST_COST_JSON.write_text(json.dumps(result, indent=1) + "\n")
-    HOST_COST_JSON.with_suffix(".md").write_text(_host_cost_table(result))
+    run_file("host_cost.json").write_text(json.dumps(result, indent=1) + "\n")
+    run_file("host_cost.md").write_text(_host_cost_table(result))
     benchmark.extra_info.update(result)
     benchmark.pedantic(lambda: None, rounds=1, iterations=1)  # the figures are in extra_info
     print(json.dumps({"median_us": median, "ratio_to_lean_eager": ratios}, indent=1))

@@ -8,7 +8,7 @@ the work itself), at B = 16,385, 65,540 and 262,160 (both backends' multi-launch
 one-block and one-program limits; noise on). Linear work gives time(4B) / time(B) near 4; the
 rank-by-counting kernel this replaced gave about 16.
 Goal: at most 6. The counts behind it, not timed, are in tests/test_topk_linear.py.
-Results: results/topk_scaling.md.
+Results: topk_scaling.md in the run folder (bench_common.run_file).
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ import time
 
 import pytest
 import torch
+from bench_common import run_file
 
 from lze_kernels import dispatch
 
 BATCHES = (16385, 65540, 262160)
 CALLS = 3
 RATIO_GOAL = 6.0
-TABLE = os.path.join(os.path.dirname(__file__), "results", "topk_scaling.md")
 
 
 def best_seconds(backend, batch: int) -> float:
@@ -52,9 +52,7 @@ def _write_table(rows: dict) -> None:
         ratios = [seconds[i + 1] / seconds[i] for i in range(len(BATCHES) - 1)]
         lines.append(f"| {name} | " + " | ".join(f"{s * 1e3:.0f} ms" for s in seconds)
                      + f" | {max(ratios):.2f} |")
-    os.makedirs(os.path.dirname(TABLE), exist_ok=True)
-    with open(TABLE, "w") as f:
-        f.write("\n".join(lines) + "\n")
+    run_file("topk_scaling.md").write_text("\n".join(lines) + "\n")
 
 
 _measured: dict = {}

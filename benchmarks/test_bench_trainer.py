@@ -8,7 +8,7 @@ rewards, ``LZESelector.step`` (fused kernels) and reading the kept rows to the h
 
 Cases: the ``tiny`` preset with each engine (steps of a fraction of a second, the worst case for
 the share), and the ``demo`` preset's model and batch (steps of seconds, as in real training).
-Results: ``benchmarks/results/trainer_phases.json`` and ``.md``.
+Results: ``trainer_phases.json`` and ``.md`` in the run folder.
 """
 
 import json
@@ -20,10 +20,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
-from bench_common import merge_result  # noqa: E402
+from bench_common import merge_result, run_file  # noqa: E402
 from trainer_launch import tail, train  # noqa: E402
 
-RESULTS = ROOT / "benchmarks" / "results"
 PHASES = ("prompts", "rollout", "reward", "wait", "select", "dispatch", "update", "sync", "step")
 STEPS = 8
 # A random tiny model is rarely right: its rewards are its responses' length parity, so that every
@@ -60,11 +59,11 @@ def test_trainer_step_phases(benchmark, tmp_path, preset, engine, extra):
 
 
 def _record(case: str, summary: dict) -> None:
-    table = merge_result(RESULTS / "trainer_phases.json", case, summary)
+    table = merge_result(run_file("trainer_phases.json"), case, summary)
     lines = ["| case | " + " | ".join(PHASES) + " | select share |",
              "|---" * (len(PHASES) + 2) + "|"]
     for name, s in sorted(table.items()):
         cells = [f"{s[f'{p}_s'] * 1000:.1f} ms" for p in PHASES]
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {100 * s['select_share']:.2f} % |")
-    (RESULTS / "trainer_phases.md").write_text(
+    run_file("trainer_phases.md").write_text(
         "Median per-phase time of a GRPO step (2 ranks, steps 2-8)\n\n" + "\n".join(lines) + "\n")

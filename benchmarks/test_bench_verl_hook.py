@@ -3,7 +3,7 @@
 verl is not installed). Each records its cases in a JSON results file beside the Markdown table
 rendered from it (docs/verl.md quotes both tables).
 
-* **The estimator** (``test_verl_estimators``, results/verl_estimators.{json,md}): what a verl
+* **The estimator** (``test_verl_estimators``, verl_estimators.{json,md}): what a verl
   user chooses between, on token-level rewards ``[bs, T]`` (a binary outcome on the last response
   token), an int64 response mask and fresh uuid4 uid strings every round as verl's ``fit`` makes
   them, in a numpy object array, grouped or shuffled as ``balance_batch`` leaves them:
@@ -24,7 +24,7 @@ rendered from it (docs/verl.md quotes both tables).
   1.5x the floor + 0.5 ms in every case (``meets_goal``). The adapter's outputs are checked
   against both verl estimators on one batch of each case, and its selection against LZE's host
   loop (baselines.PythonLoopSelector, the public release's way).
-* **The legacy hook** (``test_verl_hook_against_verls_own_step``, results/verl_hook.{json,md}):
+* **The legacy hook** (``test_verl_hook_against_verls_own_step``, verl_hook.{json,md}):
   ``LZERayPPOTrainer``'s ``_balance_batch`` plus ``compute_advantage`` on the kept rows against
   what verl runs at the same two points on the whole batch.
 
@@ -48,13 +48,12 @@ import numpy as np
 import pytest
 import torch
 from baselines import PythonLoopSelector, _group_mean_std
-from bench_common import merge_result
+from bench_common import merge_result, run_file
 from omegaconf import OmegaConf
 
 from lze_kernels import LZEConfig, LZESelector, ops
 
-ESTIMATOR_RESULTS = os.path.join(os.path.dirname(__file__), "results", "verl_estimators.json")
-ESTIMATOR_TABLE = os.path.join(os.path.dirname(__file__), "results", "verl_estimators.md")
+ESTIMATOR_RESULTS, ESTIMATOR_TABLE = "verl_estimators.json", "verl_estimators.md"  # run_file names
 VERL_CASES = ((128, 8), (512, 8), (1024, 16), (4096, 16))  # (prompts, responses per prompt)
 RESPONSE_LENGTHS = (256, 2048)
 ORDERS = ("grouped", "shuffled")
@@ -198,7 +197,7 @@ def test_verl_estimators(num_prompts, group, length, order):
     result = {**medians, "budget_s": budget, "meets_goal": goal,
               "backend": adapters["lze"].selector.backend, "rounds": _rounds(bs, length),
               "torch_threads": torch.get_num_threads(), "load_average": os.getloadavg()}
-    merge_result(ESTIMATOR_RESULTS, key, result)
+    merge_result(run_file(ESTIMATOR_RESULTS), key, result)
     print(key, json.dumps(result))
     _write_estimator_table()
 
@@ -229,8 +228,8 @@ def _interleaved_medians(timed: dict, names, batches: VerlBatches, rounds: int) 
 
 
 def _write_estimator_table() -> None:
-    """results/verl_estimators.md from results/verl_estimators.json."""
-    with open(ESTIMATOR_RESULTS) as f:
+    """verl_estimators.md from verl_estimators.json (the run folder)."""
+    with open(run_file(ESTIMATOR_RESULTS)) as f:
         table = json.load(f)
     lines = ["| B x G | T | uids | verl loop | verl grpo_vectorized | LZEAdvantage lze "
              "(kernels) | LZEAdvantage dapo (kernels) | floor | goal: < vectorised and "
@@ -244,7 +243,7 @@ def _write_estimator_table() -> None:
             f"{ms['verl_vectorized']:.3g} ms | {ms['lze']:.3g} ms ({ms['lze_kernels']:.2g}) | "
             f"{ms['dapo']:.3g} ms ({ms['dapo_kernels']:.2g}) | {ms['floor']:.3g} ms | "
             f"{'met' if met else 'MISSED'} (load {r['load_average'][0]:.1f}) |")
-    with open(ESTIMATOR_TABLE, "w") as f:
+    with open(run_file(ESTIMATOR_TABLE), "w") as f:
         f.write("\n".join(lines) + "\n")
 
 
@@ -265,8 +264,7 @@ def _case_order(key: str):
 # Goal: the hook no slower than verl's own step.
 
 
-HOOK_RESULTS = os.path.join(os.path.dirname(__file__), "results", "verl_hook.json")
-HOOK_TABLE = os.path.join(os.path.dirname(__file__), "results", "verl_hook.md")
+HOOK_RESULTS, HOOK_TABLE = "verl_hook.json", "verl_hook.md"  # run_file names
 HOOK_CASES = ((128, 8, 256), (128, 8, 1024), (512, 8, 256))  # (prompts, rollouts, length)
 PROMPT_LENGTH, DP_SIZE, HOOK_ROUNDS = 128, 8, 15
 ESTIMATOR = "lze_bench_hook"
@@ -362,15 +360,15 @@ def test_verl_hook_against_verls_own_step(num_prompts, group, length):
     result = {**medians, "rows": rows, "rounds": HOOK_ROUNDS, "torch_threads": torch.get_num_threads(),
               "load_average": os.getloadavg()}
     key = f"verl hook B{num_prompts} G{group} T{length}"
-    merge_result(HOOK_RESULTS, key, result)
+    merge_result(run_file(HOOK_RESULTS), key, result)
     print(key, json.dumps(result))
     _write_hook_table()
     assert rows == {"verl": num_prompts * group, "hook": num_prompts * group // 2}
 
 
 def _write_hook_table() -> None:
-    """results/verl_hook.md from results/verl_hook.json."""
-    with open(HOOK_RESULTS) as f:
+    """verl_hook.md from verl_hook.json (the run folder)."""
+    with open(run_file(HOOK_RESULTS)) as f:
         table = {k: v for k, v in json.load(f).items() if k.startswith("verl hook ")}
     lines = ["| B x n | T | verl: _balance_batch + grpo advantages | LZE hook: select, cut, "
              "verl's balance + advantages of the kept rows | rows after | hook / verl |",
@@ -380,5 +378,5 @@ def _write_hook_table() -> None:
         lines.append(f"| {b} x {g} | {t} | {1e3 * r['verl_s']:.3g} ms | {1e3 * r['hook_s']:.3g} "
                      f"ms | {r['rows']['verl']} -> {r['rows']['hook']} | "
                      f"{r['hook_s'] / r['verl_s']:.2f} (load {r['load_average'][0]:.1f}) |")
-    with open(HOOK_TABLE, "w") as f:
+    with open(run_file(HOOK_TABLE), "w") as f:
         f.write("\n".join(lines) + "\n")

@@ -46,24 +46,24 @@ RULES = (
     Rule("trl-small", "python", 'resolve("warm:demo")',
          "its imports checked (fast); added to the trl block for its run (slow), as the README "
          "says"),
-    Rule("reward", "python", "# my_reward.py",
-         "written to my_reward.py and its function called (fast)"),
-    Rule("trainer", "bash", "python -m lze_trainer --print-config $RUN",
-         "run by bash (fast): python runs for real (--print-config), torchrun is a stand-in that "
-         "records its launches; then each is parsed with torch.distributed.run's parser, the "
-         "config of its overrides loaded and validated for its world size, and the data checked "
-         "to fill a step"),
-    Rule("trainer-small", "bash", "model.path=warm:demo",
-         "run by bash after the trainer block (its commands skipped there: it defines RUN), with "
-         "the real torchrun: two steps on one CPU rank (slow)"),
+    Rule("reward", "bash", "cat > my_reward.py",
+         "run by bash in a scratch folder (fast): it writes my_reward.py, whose function is "
+         "called"),
+    Rule("trainer-cpu", "bash", "trainer.device=cpu",
+         "run by bash after the prompts and reward blocks (fast): python runs for real "
+         "(--print-config), torchrun is a stand-in that records its launch, then parsed with "
+         "torch.distributed.run's parser, the config of its overrides loaded and validated for "
+         "its world size, and the data checked to fill a step; and run as pasted, with the real "
+         "torchrun and nothing added to the environment: two steps on one CPU rank (slow)"),
+    Rule("trainer-gpu", "bash", "--nproc_per_node=8 -m lze_trainer",
+         "run by bash after the prompts and reward blocks with the stand-in torchrun, its launch "
+         "checked as the CPU block's (fast): it cannot run on a CPU"),
     Rule("verl", "bash", "examples/verl/run_lze_grpo.sh",
          "run by bash with python3 a stand-in that records verl's overrides (fast); "
          "tests/test_verl_readme.py composes them against the installed verl's config, "
          "tests/test_verl_fit.py runs it through verl's first step"),
     Rule("make", "bash", "make demo",
          "each command names a target of the Makefile (fast; the targets are the suite itself)"),
-    Rule("bibtex", "bibtex", "@software{",
-         "parsed: each entry has a key, a title and a year (fast)"),
 )
 
 _FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.M | re.S)

@@ -215,18 +215,80 @@ def test_runs_of_several_calls_merge_into_one_record(tmp_path):
 
 def test_a_run_whose_bench_timed_the_lean_step_needs_no_separate_file(tmp_path):
     """Without lean-baseline.json the lean figures come from the check's own bench (its lean_*
-    variants), and the feature-parity ones from its parity_* variants."""
+    variants, host wall; device time the fused step's other timer), and the feature-parity ones
+    from its parity_* variants. A lead inside the two timers' spread is a tie; a compiled
+    baseline slower than its eager run is not quoted as a ratio."""
     import gpu_runs
 
     rows = [{"B": b, "G": 16, "variant": v, "seconds": t * 1e-6, "launches": 2, "syncs": 0}
             for b in (256, 65536) for v, t in (("fused_cuda", 100), ("lean_compile", 150),
                                               ("lean_eager", 400), ("parity_eager", 2000),
-                                              ("parity_compile", 500))]
+                                              ("fused_triton", 300))]
+    rows[0]["device_s"] = 180e-6  # the fused step at 256: 1.8x apart by its two timers
+    rows += [{"B": 256, "G": 16, "variant": "parity_compile", "seconds": 500e-6, "launches": 9,
+              "syncs": 0}, {"B": 65536, "G": 16, "variant": "parity_compile",
+                            "seconds": 3000e-6, "launches": 9, "syncs": 0}]
     (tmp_path / "gpu_check.json").write_text(json.dumps(
         {"schema": 1, "stages": {"bench": {"status": "passed", "rows": rows}}}))
     run = gpu_runs.GpuRun(tmp_path)
-    assert run.lean_speedups() == "1.5-1.5x" and run.parity_compile == "5-5x"
-    assert "| 65,536 | 100 µs | 150 µs | **1.5x** | 20x / 5x |" in run.speedup_table()
+    assert run.timers == ("host wall", "device time") and run.ties() == "1 of 2"
+    table = run.speedup_table()
+    assert ("| 256 | 100 µs / 180 µs | 150 µs | tie: 1.50x, inside its timers' 1.80x | 300 µs "
+            "(0.50x) | 20x / 5x |") in table
+    assert ("| 65,536 | 100 µs / - | 150 µs | **1.50x** | 300 µs (0.50x) | 20x / slower than its "
+            "eager (1.5x its time) |") in table
+    assert run.triton_line().startswith("The fused Triton step (`auto`'s fallback") and \
+        "slower than the lean step under `torch.compile` at 2 of 2 sizes (0.50x" in run.triton_line()
+
+
+def test_a_goal_missed_at_some_sizes_is_not_met_and_named(tmp_path):
+    """A goal measured at some sizes only is not met when one of them misses it (not "not
+    measured"), and the run's line names each goal not met and not measured."""
+    import gpu_runs
+
+    lean = {256: (1.1e-4, 1e-4), 65536: (3e-4, 1e-4)}  # 1.1x and 3x at 2 of 3 sizes
+    without_dots = _results()
+    del without_dots["stages"]["bench"]["dots"]
+    (tmp_path / "gpu_check.json").write_text(json.dumps(without_dots))
+    results = _results()
+    results["stages"]["bench"]["rows"] = [r for r in results["stages"]["bench"]["rows"]
+                                          if r["variant"] != "lean_compile"]
+    goals = {g["short"]: g for g in gpu_report.goals(results, lean)}
+    assert goals["2x the lean step compiled"]["met"] is False
+    assert goals["2x the lean step compiled"]["measured"] == \
+        "1.10x at worst (B = 256) (measured at 2 of 3 sizes; missed at 1)"
+    met_at_both = {256: (3e-4, 1e-4), 65536: (3e-4, 1e-4)}
+    assert gpu_report.goals(results, met_at_both)[4]["met"] is None
+    run = gpu_runs.GpuRun(tmp_path)
+    assert run.goals_met() == (
+        "7 of 12 goals met; 4 not met: 2x the lean step compiled, 2x the lean step's CUDA graph, "
+        "Triton at 0.67x CUDA's speed, the update's memory against its arithmetic; 1 not "
+        "measured: DOTS 1.5x its reference")
+
+
+def test_the_peer_figures_carry_each_trainers_peak_memory(tmp_path):
+    import gpu_runs
+
+    results = _results()
+    results["stages"]["peer"] = {"status": "passed", "sizes": [
+        {"name": "tiny", "status": "passed", "ratio": 0.26, "lze_step_s": 3.147,
+         "trl_step_s": 11.968, "setting": "64 x 8 x 256",
+         "lze_peak_memory_gib": {"rollout": 10.5, "update": 41.63}, "trl_peak_memory_gib": 11.28}]}
+    (tmp_path / "gpu_check.json").write_text(json.dumps(results))
+    assert gpu_runs.GpuRun(tmp_path).peers["tiny"] == (
+        "0.26x (3.15 s against 11.97 s a step at 64 x 8 x 256; peak memory 41.6 GiB "
+        "(lze_trainer's update) against TRL's 11.3 GiB)")
+
+
+def test_the_lean_scripts_names_are_the_benchs_variants():
+    """tools/gpu_lean_baseline.py times through gpu_bench.build_step by lean-baseline.json's
+    names (gpu_runs.LEAN_VARIANTS): each is one of the bench's variants."""
+    import gpu_runs
+
+    fused = {f"fused_{b}{kind}" for b in ("cuda", "triton") for kind in ("", "_default")}
+    assert set(gpu_runs.LEAN_VARIANTS.values()) <= fused | set(gpu_bench.BASELINES)
+    for variant in set(gpu_runs.LEAN_VARIANTS.values()) - fused - {"lean_compile"}:
+        assert callable(gpu_bench.build_step(variant, 64, torch.device("cpu"), 16))
 
 
 def test_goals_of_a_run_that_measured_nothing():

@@ -5,6 +5,9 @@
                                              # or figure in prose without a source
     python tools/render_docs.py --record benchmarks/results/step_cpu.md [--name step_cpu]
                                              [--commit abc1234] [--machine "a 2-core x86-64 CPU"]
+    python tools/render_docs.py --record benchmarks/runs/20261128-101500
+                                             # a `make bench` run: its files into
+                                             # benchmarks/results/, the registered ones recorded
 
 **Sources.** docs/figure-sources.toml lists the results files the pages may quote, each under a
 name with what measured it: the commit whose tree ran it, the machine by its hardware (a GPU
@@ -45,6 +48,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import string
 import subprocess
 import sys
@@ -161,19 +165,52 @@ class Row:
 
 def parse_tables(text: str) -> list[Table]:
     """The Markdown tables of ``text``, in order."""
-    tables, lines, i = [], text.splitlines(), 0
+    return [table for _, table in _headed_tables(text)]
+
+
+def _headed_tables(text: str) -> list[tuple[str, Table]]:
+    """(the heading above it, or "", the table) for each Markdown table of ``text``, in order."""
+    tables, lines, i, heading = [], text.splitlines(), 0, ""
     while i < len(lines):
+        if lines[i].startswith("#"):
+            heading = lines[i].lstrip("#").strip()
         if lines[i].startswith("|") and i + 1 < len(lines) and re.match(r"^\|[\s:|-]+\|$",
                                                                          lines[i + 1].strip()):
             j = i + 2
             while j < len(lines) and lines[j].startswith("|"):
                 j += 1
             cells = [_cells(line) for line in lines[i:j]]
-            tables.append(Table(cells[0], cells[2:], "\n".join(lines[i:j])))
+            tables.append((heading, Table(cells[0], cells[2:], "\n".join(lines[i:j]))))
             i = j
         else:
             i += 1
     return tables
+
+
+class Tables:
+    """Several tables read as one: ``[label]`` is a row whose ``[column]`` is that cell of the
+    first table having both the row and the column."""
+
+    def __init__(self, name: str, tables: list[Table]):
+        self.name, self.tables = name, tables
+
+    def __getitem__(self, label):
+        having = [table for table in self.tables if isinstance(label, str) and table.has(label)]
+        if not having:
+            raise RenderError(f"{self.name}: no table has a row labelled {label!r}")
+        return CrossRow(label, having)
+
+
+class CrossRow:
+    def __init__(self, label: str, tables: list[Table]):
+        self.label, self.tables = label, tables
+
+    def __getitem__(self, column):
+        for table in self.tables:
+            if column in table.header:
+                return table.row(self.label)[column]
+        raise RenderError(f"no column {column!r} beside row {self.label!r} (columns: "
+                          f"{[t.header for t in self.tables]})")
 
 
 def _cells(line: str) -> list[str]:
@@ -181,37 +218,61 @@ def _cells(line: str) -> list[str]:
 
 
 class MarkdownSource(Source):
-    """A Markdown results file: ``[label]`` is that row of the first table that has it;
-    ``.table`` the first table, ``.tables[n]`` the n-th."""
+    """A Markdown results file: ``[label][column]`` is that cell of the first table with that row
+    and column; ``.table`` the first table, ``.tables[n]`` the n-th, ``.sections[heading]`` the
+    tables under a heading read the same way, and ``.says[words]`` what the file's prose gives
+    after ``words`` (up to the next comma, semicolon or bracket: ``says[load average]``)."""
 
     def __init__(self, name, entry, root):
         super().__init__(name, entry, root)
-        self._tables = self._load()
+        self._headed = self._load()
 
-    def _load(self) -> list[Table]:
-        return parse_tables(self.path.read_text())
+    def _load(self) -> list[tuple[str, Table]]:
+        return _headed_tables(self.path.read_text())
 
     @property
     def tables(self) -> list[Table]:
         self._mark()
-        return self._tables
+        return [table for _, table in self._headed]
 
     @property
     def table(self) -> Table:
         return self.tables[0]
 
+    @property
+    def sections(self) -> dict[str, Tables]:
+        headings = dict.fromkeys(heading for heading, _ in self._headed)
+        self._mark()
+        return {h: Tables(f"{self.name} {h!r}", [t for g, t in self._headed if g == h])
+                for h in headings}
+
+    @property
+    def says(self) -> Said:
+        self._mark()
+        prose = "\n".join(line for line in self.path.read_text().splitlines()
+                          if not line.startswith("|"))
+        return Said(self.name, prose)
+
     def __getitem__(self, label):
-        for table in self.tables:
-            if isinstance(label, str) and table.has(label):
-                return table.row(label)
-        raise RenderError(f"{self.name}: no table has a row labelled {label!r}")
+        return Tables(self.name, self.tables)[label]
+
+
+class Said:
+    def __init__(self, name: str, prose: str):
+        self.name, self.prose = name, prose
+
+    def __getitem__(self, words: str) -> str:
+        found = re.search(re.escape(words) + r"\s+([^,;()\n]+)", self.prose)
+        if not found:
+            raise RenderError(f"{self.name}: its prose says nothing after {words!r}")
+        return found.group(1).strip()
 
 
 class CsvSource(MarkdownSource):
-    def _load(self) -> list[Table]:
+    def _load(self) -> list[tuple[str, Table]]:
         with open(self.path, newline="") as f:
             rows = list(csv.reader(f))
-        return [Table(rows[0], rows[1:], "")]
+        return [("", Table(rows[0], rows[1:], ""))]
 
 
 class Json:
@@ -263,25 +324,45 @@ class JsonSource(Source):
 
 class RunSource(Source):
     """A GPU run (tools/gpu_runs.py); its machine is its card. ``[key]`` reads the merged
-    record; the methods render its tables and ranges."""
+    record; the methods render its tables and ranges. Its registry entry's ``kernels_changed``
+    names the first commit after the run that changed the kernel sources (:data:`KERNEL_SOURCES`;
+    tests/test_render_docs.py checks it against git), ``kernels_changed_what`` what it changed."""
 
     def __init__(self, name, entry, root):
         self.run = gpu_runs.GpuRun(root / entry["path"])
         super().__init__(name, entry, root)
         self._machine = self.run.card
         self.record = Json(self.run.results)
+        self._changed, self._changed_what = entry.get("kernels_changed"), entry.get(
+            "kernels_changed_what")
+
+    @property
+    def code(self) -> str:
+        """Whether today's kernels are the code this run measured, in words (marks the run's
+        commit named)."""
+        self.named_commit = True
+        if not self._changed:
+            return "today's kernels are this code"
+        what = f" ({self._changed_what})" if self._changed_what else ""
+        return (f"today's kernels are not this code: `{self._changed}` changed them{what}, and "
+                "neither it nor any later change of the kernels has run on a GPU")
 
     def __getitem__(self, key):
         self._mark()
         return self.record[key]
 
     def __getattr__(self, name):
-        """The run's own methods and properties (speedup_table, lean_speedups, ...), read."""
+        """The run's own methods and properties (speedup_table, triton_line, ...), read."""
         if name.startswith("_") or name in ("run", "record"):
             raise AttributeError(name)
         value = getattr(self.run, name)
         self._mark()
         return value() if callable(value) else value
+
+
+# The sources of the kernels a GPU run measures (a change here after a run's commit makes the
+# run's figures those of older kernels).
+KERNEL_SOURCES = ("csrc", "lze_kernels", ":!lze_kernels/integrations")
 
 
 def load_sources(root: Path = ROOT) -> dict[str, Source]:
@@ -407,9 +488,15 @@ def stale(root: Path = ROOT) -> list[str]:
 
 # ============================================================================ figures in prose
 
-# A measured figure: a number with a unit of time, memory, speed or share, or a ratio.
-FIGURE = re.compile(r"(?<![\w.\-/])\d[\d,]*(?:\.\d+)?(?:\s?(?:ms|us|µs|s|GiB|GB|MiB|MB|TFLOP/s|"
-                    r"GB/s|min|minutes|seconds|hours)\b|\s?%|x\b)")
+# A measured figure: a number or a range of numbers ("89-288 us", "0.99-1.09x", "-2.9 points")
+# with a unit of time (CPU seconds too), memory, speed, share or score, or a ratio; or a count of
+# test outcomes or kernel launches ("2,160 passed", "launches: 2").
+_UNSIGNED = r"\d[\d,]*(?:\.\d+)?"
+_UNIT = (r"(?:\s?(?:CPU\s)?(?:ms|us|µs|s|GiB|GB|MiB|MB|KiB|TFLOP/s|GB/s|tokens/s|min|minutes|"
+         r"seconds|hours|points|nats)\b|\s?%|x\b|\s(?:passed|failed|skipped|errors?|failures|"
+         r"hazards|kernel launches|launches|host syncs?|syncs)\b)")
+FIGURE = re.compile(rf"(?<![\w.\-/])[-+−]?{_UNSIGNED}(?:\s?(?:-|–|to)\s?{_UNSIGNED})?{_UNIT}"
+                    r"|\b(?:launches|syncs):?\s\d[\d,]*")
 CODE = re.compile(r"^```.*?^```|`[^`\n]*`", re.M | re.S)
 # A section still typed until its results file exists (tests/test_render_docs.py fails once the
 # file exists): <!-- typed until benchmarks/results/step_cpu.md --> ... <!-- end typed -->
@@ -433,24 +520,31 @@ def gpu_results_page(sources: dict[str, Source]) -> str:
     name = newest_run(sources)
     source = sources[name]._mark()
     run = source.run
-    report = gpu_report.render(run.results).split("\n", 4)[4]  # its body, below its own title
+    report = gpu_report.render(run.results, run.lean_pairs()).split("\n", 4)[4]  # its body
     head = render_template(
         "# GPU results\n\nGenerated by `python tools/render_docs.py` from "
         f"[{source.path.relative_to(source.root).as_posix()}](gpu-runs/{source.path.name}) ("
-        "the GPU check of the tree " "{%s.at}, %s); do not edit by hand. Older runs: "
-        "[gpu-check.md](gpu-check.md#runs).\n" % (name, run.date), sources, "docs/gpu-results.md")
+        "the GPU check of the tree {%s.at}, %s); do not edit by hand. Older runs: "
+        "[gpu-check.md](gpu-check.md#runs).\n\n**Of which code**: {%s.code}.\n\n"
+        "**Measured by**: {%s.measured_by}. **Conditions**: the check's benchmark: "
+        "{%s.conditions[gpu_check.json]}.\n" % (name, run.date, name, name, name), sources,
+        "docs/gpu-results.md")
     lean = ""
     if run.lean:
+        timer, other = run.timers
         lean = ("\n## The fused step against the lean PyTorch step\n\n"
-                "Measured beside the check by a separate script on the installed package "
-                "(G = 16, N = 4B prompts, keep 0.4, median of CUDA events around each call). The "
+                f"Measured beside the check by a separate script on the installed package ("
+                f"{run.provenance.get('lean-baseline.json', {}).get('script', 'not recorded')}; "
+                f"G = 16, N = 4B prompts, keep 0.4, {timer}; {run.conditions.get(gpu_runs.LEAN_FILE)}). The "
                 "lean step is the shortest plain PyTorch step a user would write: mean, std, "
                 "advantages, gather and scatter of three state tensors, energy and "
                 "`torch.topk(E, k, sorted=False)` (no ragged mask, noise, tie rule or streak state), "
                 "eager and under `torch.compile(dynamic=False)`, compiled once per B; the strongest "
                 "baseline measured. The check's own benchmark above compares with "
-                "`PlainTorchSelector`, the same step with every feature of the fused one.\n\n"
-                f"{run.lean_table()}\n\n{run.oracle_line()}\n")
+                "`PlainTorchSelector`, the same step with every feature of the fused one. The same "
+                f"fused step's {other} figure (the check's benchmark) is in brackets: where the "
+                "lead over the lean step is inside the two timers' spread, it is a tie.\n\n"
+                f"{run.lean_table()}\n\n{run.triton_line()} {run.oracle_line()}\n")
     return f"{head}\n{report.rstrip()}\n{lean}"
 
 
@@ -463,12 +557,14 @@ def newest_run(sources: dict[str, Source]) -> str:
 
 def runs_table(sources: dict[str, Source]) -> str:
     """docs/gpu-check.md's list of runs: one line per GPU run, newest first."""
-    lines = ["| run | card | commit | stages | goals |", "|---|---|---|---|---|"]
+    lines = ["| run | card | commit | today's kernels | stages | goals |",
+             "|---|---|---|---|---|---|"]
     for name in sorted((n for n, s in sources.items() if isinstance(s, RunSource)),
                        key=lambda n: sources[n].run.results.get("started_utc", ""), reverse=True):
         source = sources[name]._mark()
         link = f"[{source.path.name}](gpu-runs/{source.path.name})"
-        lines.append(f"| {link} | {source.machine} | {source.commit} | "
+        today = f"changed since, in `{source._changed}`" if source._changed else "this code"
+        lines.append(f"| {link} | {source.machine} | {source.commit} | {today} | "
                      f"{source.run.stages_line()} | {source.run.goals_met()} |")
     return "\n".join(lines)
 
@@ -506,13 +602,36 @@ def record(path: str, name: str | None, commit: str | None, machine: str | None,
                         re.sub(r"\W", "_", Path(path).stem))
     head = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=root, capture_output=True,
                           text=True).stdout.strip()
-    entry = {"path": path, "commit": commit or head}
+    entry = {**registry.get(name, {}), "path": path, "commit": commit or head}
     if not (root / path).is_dir():
         entry["machine"] = machine or describe_cpu()
     entry["sha256"] = digest(root / path)
     registry[name] = entry
     registry_path.write_text(_toml(registry))
     return name
+
+
+RESULTS = "benchmarks/results"
+
+
+def record_run(folder: Path, root: Path = ROOT) -> list[str]:
+    """A benchmark run folder (benchmarks/conftest.py: its results and run.json) recorded: every
+    file copied into benchmarks/results/, each registered one recorded with the run's commit and
+    machine; the names recorded. Refused when the run's tree had uncommitted changes (its
+    figures would be of no commit)."""
+    meta = json.loads((folder / "run.json").read_text())
+    if meta["uncommitted_changes"]:
+        raise RenderError(f"{folder}: the tree that ran it had uncommitted changes; commit them "
+                          "and run the benchmarks again (make bench)")
+    registry = tomllib.loads((root / REGISTRY).read_text())
+    registered = {entry["path"]: name for name, entry in registry.items()}
+    names = []
+    for file in sorted(p for p in folder.iterdir() if p.is_file() and p.name != "run.json"):
+        path = f"{RESULTS}/{file.name}"
+        shutil.copyfile(file, root / path)
+        if path in registered:
+            names.append(record(path, registered[path], meta["commit"], meta["machine"], root))
+    return names
 
 
 REGISTRY_HEAD = """\
@@ -541,6 +660,15 @@ def main(argv=None) -> int:
     parser.add_argument("--commit")
     parser.add_argument("--machine")
     args = parser.parse_args(argv)
+    if args.record and (Path(args.record) / "run.json").exists():
+        try:
+            names = record_run(Path(args.record).resolve())
+        except RenderError as exc:
+            print(f"render_docs: {exc}", file=sys.stderr)
+            return 1
+        print(f"recorded {', '.join(names) or 'no registered file'}; now run "
+              "python tools/render_docs.py")
+        return 0
     if args.record:
         print(f"recorded {record(args.record, args.name, args.commit, args.machine)}")
         return 0
