@@ -323,20 +323,26 @@ def test_each_gpu_runs_files_name_the_script_that_wrote_them():
 def test_the_launch_counts_are_the_built_modules():
     """benchmarks/results/launches.json (tools/count_launches.py, counted in the emulator) is of
     today's CUDA plans: after a change of the plans, `python tools/count_launches.py` again."""
-    from lze_kernels import available_backends, native
+    from lze_kernels import available_backends
 
     if "cuda_emulated" not in available_backends("cpu"):
         pytest.skip("the CUDA emulator is not built")
     import count_launches
 
-    module = native.CUDA_EMULATED.module
+    from lze_kernels import emulated
+
     data = json.loads((ROOT / count_launches.RESULTS).read_text())
-    edges = count_launches.boundaries(lambda b: module.select_step_launches(b, 0))
-    assert [span["from"] for span in data["spans"][1:]] == edges, \
-        "the CUDA plans changed: run python tools/count_launches.py"
-    for row in data["rows"]:
-        assert (row["launches"], row["checked"]) == (module.select_step_launches(row["B"], 0),
-                                                     module.select_step_launches(row["B"], 1))
+    assert sorted(data["architectures"]) == [f"sm_{a}" for a in emulated.ARCHITECTURES]
+    for arch in emulated.ARCHITECTURES:
+        counts = data["architectures"][f"sm_{arch}"]
+        with emulated.architectures(arch):
+            edges = count_launches.boundaries(lambda b: count_launches.module_launches(b, 0))
+            assert [span["from"] for span in counts["spans"][1:]] == edges, \
+                "the CUDA plans changed: run python tools/count_launches.py"
+            for row in counts["rows"]:
+                assert (row["launches"], row["checked"]) == (
+                    count_launches.module_launches(row["B"], 0),
+                    count_launches.module_launches(row["B"], 1))
 
 
 def test_launch_counts_are_merged_into_spans_and_words():

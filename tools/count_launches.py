@@ -1,15 +1,16 @@
-"""Kernel launches of one CUDA selection step at every plan boundary, counted in the CUDA emulator
-(the unchanged .cu kernels on CPU threads: ``cuda_emulated``), written to
-benchmarks/results/launches.json, recorded in docs/figure-sources.toml and rendered into the
-README. After changing the CUDA plans (csrc/cuda/selection_plan.h, lze_select.cu), commit, then:
+"""Kernel launches of one CUDA selection step at every plan boundary, on the limits of each
+architecture users run (sm_80, sm_86, sm_89, sm_90), counted in the CUDA emulator (the unchanged
+.cu kernels on CPU threads: ``cuda_emulated``), written to benchmarks/results/launches.json,
+recorded in docs/figure-sources.toml and rendered into the README. After changing the CUDA plans
+(csrc/cuda/selection_plan.h, lze_select.cu), commit, then:
 
     make build && .venv/bin/python tools/count_launches.py
 
-The boundaries are where the module's own count (``select_step_launches``) changes between 1 and
-:data:`MAX_ROWS` rows; a step is run on each side of each, and at both ends, unchecked and with
-``check_inputs=True``, and its launches counted (``launches()``); a count unlike the module's
-stops the command. tests/test_render_docs.py fails while the file disagrees with the built
-module's count.
+The boundaries are where the module's own count (``select_step_launches`` of its plan) changes
+between 1 and :data:`MAX_ROWS` rows; a step is run on each side of each, and at both ends,
+unchecked and with ``check_inputs=True``, and its launches counted (``launches()``); a count
+unlike the module's stops the command. tests/test_render_docs.py fails while the file disagrees
+with the built module's count.
 """
 
 from __future__ import annotations
@@ -26,15 +27,21 @@ import render_docs  # noqa: E402
 
 RESULTS = "benchmarks/results/launches.json"
 MAX_ROWS = 1 << 20  # the GPU check's largest B
-GROUP = 16  # the GPU check's G (a step's launches do not depend on it)
+GROUP = 2  # a step's launches do not depend on G (the emulator is faster at a small one)
 MACHINE = "the CUDA emulator"
 SOURCES = ("csrc", "lze_kernels")
 
 
 def module():
-    from lze_kernels import native
+    from lze_kernels import emulated
 
-    return native.CUDA_EMULATED.module
+    return emulated.module()
+
+
+def module_launches(batch: int, with_undo: int) -> int:
+    """The module's own count of a step's launches at ``batch`` rows on the current device."""
+    mod = module()
+    return mod.select_step_launches(mod.plan_topk(batch, 0)[1], with_undo)
 
 
 def boundaries(count, top: int = MAX_ROWS) -> list[int]:
@@ -92,24 +99,40 @@ def words(spans_: list[dict]) -> str:
     return " and ".join(parts) + tail
 
 
-def measure() -> dict:
-    """Every boundary's two sides and both ends, counted; stops at a count unlike the module's."""
-    mod = module()
-    edges = boundaries(lambda b: mod.select_step_launches(b, 0))
+def measure_architecture() -> list[dict]:
+    """Every boundary's two sides and both ends on the current device, counted; stops at a count
+    unlike the module's."""
+    edges = boundaries(lambda b: module_launches(b, 0))
     sizes = sorted({1, MAX_ROWS, *edges, *(b - 1 for b in edges)})
     rows = []
     for batch in sizes:
         row = {"B": batch, "launches": counted(batch, False), "checked": counted(batch, True)}
-        expected = (mod.select_step_launches(batch, 0), mod.select_step_launches(batch, 1))
+        expected = (module_launches(batch, 0), module_launches(batch, 1))
         if (row["launches"], row["checked"]) != expected:
             raise SystemExit(f"B = {batch}: {row['launches']} / {row['checked']} launches counted,"
                              f" the module says {expected[0]} / {expected[1]}")
         rows.append(row)
         print(f"B = {batch:,}: {row['launches']} launches, {row['checked']} checked", flush=True)
-    merged = spans(rows)
+    return rows
+
+
+def measure() -> dict:
+    """Each architecture's counts; the words group architectures whose spans agree."""
+    from lze_kernels import emulated
+
+    per_arch, by_words = {}, {}
+    for arch in emulated.ARCHITECTURES:
+        print(f"sm_{arch}:", flush=True)
+        with emulated.architectures(arch):
+            rows = measure_architecture()
+        per_arch[f"sm_{arch}"] = {"rows": rows, "spans": spans(rows)}
+        by_words.setdefault(words(per_arch[f"sm_{arch}"]["spans"]), []).append(f"sm_{arch}")
     return {"what": "kernel launches of one LZESelector.step on the CUDA backend, counted in the "
-                    f"CUDA emulator at G = {GROUP} (tools/count_launches.py)",
-            "rows": rows, "spans": merged, "words": words(merged)}
+                    f"CUDA emulator under each architecture's limits at G = {GROUP} "
+                    "(tools/count_launches.py)",
+            "architectures": per_arch,
+            "words": "; ".join(f"{text} on {' and '.join(archs)}"
+                               for text, archs in by_words.items())}
 
 
 def uncommitted() -> str:
