@@ -64,7 +64,8 @@ def test_check_arguments():
 
 def test_every_stage_has_a_cap_in_order():
     assert set(gpu_check.STAGE_CAP_S) == set(gpu_check.STAGES)
-    assert list(gpu_check.STAGES)[:5] == ["preflight", "install", "kernels", "trainer", "bench"]
+    assert list(gpu_check.STAGES)[:6] == ["preflight", "install", "hazards", "kernels", "trainer",
+                                          "bench"]
     assert set(gpu_check.NEEDS_CUDA) < set(gpu_check.STAGES) and "peer" not in gpu_check.NEEDS_CUDA
 
 

@@ -14,6 +14,7 @@ import gc
 import sys
 import threading
 import weakref
+from pathlib import Path
 
 import pytest
 import torch
@@ -289,3 +290,18 @@ def test_a_captured_graph_keeps_its_selector_alive():
     assert word() is not None
     graph.replay()
     emulated.synchronize()
+
+
+def test_the_gpu_checks_hazard_script_runs_its_items_on_the_emulator():
+    """tools/gpu_hazards.py (the GPU check's hazard stage) on the emulator: one JSON line an item,
+    each holding (items 1, 3 and 4 run above and in tests/test_plans.py: their processes and a
+    million rows cost minutes here)."""
+    import json
+    import subprocess
+
+    script = Path(__file__).resolve().parents[1] / "tools" / "gpu_hazards.py"
+    proc = subprocess.run([sys.executable, str(script), "--backend", EMU, "--items",
+                           "2,5,6,7,8,9,10"], capture_output=True, text=True, timeout=600)
+    items = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [i["item"] for i in items] == [2, 6, 7, 8, 9, 10, 5], proc.stderr[-2000:]
+    assert proc.returncode == 0 and all(i["ok"] for i in items), items

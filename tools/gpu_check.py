@@ -14,6 +14,9 @@ so every import resolves to the installed package) with a cap that only stops a 
   preflight  versions (python, torch, triton, transformers, nvcc, driver) and tools, against the
              pinned CUDA set (requirements/constraints-cuda.txt): others are named, not refused
   install    every import of :data:`IMPORTS` (the compiled CUDA module too) and where it is from
+  hazards    tools/gpu_hazards.py: each GPU-only hazard of the CUDA backend on the device, one JSON
+             line an item (the opt-in at its boundaries in a fresh process each, the fault word
+             and queued steps, capture, plans, streams, devices, alignment, NaN, host memory)
   kernels    tests/test_gpu.py on the device: cuda, triton, torch backends, none skipped
   trainer    5 GRPO steps, rollout.engine=hf, bf16, ZeRO-2, real vocabulary; peak memory per phase
   bench      benchmarks/gpu_bench.py: every variant and B, launch and HBM floors, DOTS at 1M
@@ -61,12 +64,13 @@ TOOLS = ("nvcc", "nvidia-smi", "compute-sanitizer", "cmake", "ninja", "gcc", "ma
 IMPORTS = ("deepspeed", "omegaconf", "math_verify", "datasets", "trl", "matplotlib.pyplot",
            "torch.utils.tensorboard", "lze_kernels", "lze_kernels._lze_cpu",
            "lze_kernels._lze_cuda", "lze_trainer.trainer")
-STAGES = ("preflight", "install", "kernels", "trainer", "bench", "sanitizer", "memory", "peer")
+STAGES = ("preflight", "install", "hazards", "kernels", "trainer", "bench", "sanitizer", "memory",
+          "peer")
 # The peer stage runs without CUDA too, shrunken (the dry run): tools/gpu_peer.py.
-NEEDS_CUDA = ("kernels", "trainer", "bench", "sanitizer", "memory")
+NEEDS_CUDA = ("hazards", "kernels", "trainer", "bench", "sanitizer", "memory")
 # Cap per stage in seconds: several times what it took on an H100 (docs/gpu-runs/), so that only
 # a hang meets it; the peer stage's two sizes took some 5 minutes there.
-STAGE_CAP_S = {"preflight": 60, "install": 600, "kernels": 600, "trainer": 600, "bench": 600,
+STAGE_CAP_S = {"preflight": 60, "install": 600, "hazards": 300, "kernels": 600, "trainer": 600, "bench": 600,
                "sanitizer": 600, "memory": 600, "peer": 1200}
 # Shares of the sanitizer stage's cap: racecheck's start under instrumentation is the slow part.
 SANITIZER_SHARE = {"memcheck": 0.35, "racecheck": 0.6}
@@ -418,6 +422,16 @@ def stage_kernels(work: Path, options: dict) -> dict:
             "missing_backends": missing, **counts}
 
 
+def stage_hazards(work: Path, options: dict) -> dict:
+    """tools/gpu_hazards.py on the device: one JSON line an item, all must hold."""
+    proc = subprocess.run([sys.executable, "-P", str(ROOT / "tools" / "gpu_hazards.py")],
+                          cwd=work, env=child_env(work), capture_output=True, text=True)
+    items = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    ok = proc.returncode == 0 and bool(items) and all(item["ok"] for item in items)
+    return {"status": "passed" if ok else "failed", "items": items,
+            **({} if ok else {"stderr": proc.stderr[-2000:]})}
+
+
 def junit_counts(path: Path) -> dict:
     """Totals of a pytest JUnit XML report: tests, failures, errors, skipped."""
     root = ET.parse(path).getroot()
@@ -474,7 +488,7 @@ def stage_sanitizer(work: Path, options: dict) -> dict:
 
 
 STAGE_FUNCTIONS = {"preflight": stage_preflight, "install": stage_install,
-                   "kernels": stage_kernels, "bench": stage_bench, "sanitizer": stage_sanitizer}
+                   "hazards": stage_hazards, "kernels": stage_kernels, "bench": stage_bench, "sanitizer": stage_sanitizer}
 
 
 # ============================================================================ trainer stage
