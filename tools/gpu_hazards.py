@@ -1,5 +1,5 @@
 """The GPU check's hazard stage: each GPU-only hazard of the CUDA backend run on the device, one
-JSON line an item (``{"item", "name", "ok", "detail", "seconds"}``), the first thing a lent GPU
+JSON line an item (``{"item", "name", "ok", "detail", "seconds"}``), the first thing a GPU
 runs (tools/gpu_check.py, stage "hazards"). The same items run on the CPU through the CUDA
 emulator with asynchronous launches (``--backend cuda_emulated``; tests/test_gpu_hazards.py
 shows each there), so the script's logic is tested without a GPU.
