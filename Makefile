@@ -36,7 +36,7 @@ SOURCES := pyproject.toml CMakeLists.txt tools/requirements_extras.py \
 NPROC ?= 2
 ARGS ?=
 
-.PHONY: setup lock build wheel demo test test-times test-verl study bench test-gpu-emulated setup-gpu \
+.PHONY: setup lock build wheel test-wheel demo test test-times test-verl study bench test-gpu-emulated setup-gpu \
 	test-gpu gpu-wheels clean
 
 setup: $(VENV)/.deps-$(PIN_SET) build
@@ -86,6 +86,12 @@ $(WHEEL_VENV)/.deps: requirements/wheel.in
 
 wheel: $(WHEEL_VENV)/.deps
 	WHEEL_VENV=$(WHEEL_VENV) bash tools/build_wheels.sh dist $(WHEEL_PYTHONS)
+
+# The wheel as a user installs it (tests/test_wheel_install.py): this Python's wheel into fresh
+# venvs whose PATH has no compiler, nvcc or CMake, beside torch 2.13.0 and 2.5.1 (a CUDA build
+# from PyPI, some 3 GB), then the kernel tests against it. About 15 min; not part of make test.
+test-wheel: wheel setup
+	LZE_TEST_WHEELS=$(abspath dist) $(PY) -m pytest -q -n 0 -s tests/test_wheel_install.py
 
 # The main job: GRPO with LZE selection, vLLM rollouts and a DeepSpeed actor, on the demo preset.
 demo: setup
@@ -194,9 +200,10 @@ test-gpu: setup-gpu
 	PYTHON=$(abspath $(PY)) bash tools/gpu_check.sh $(GPU_REPORT)
 
 # The maintainers' offline path (tools/README.md): with PyPI, the wheels a GPU machine's fixed
-# Python 3.12 image lacks, into the ignored wheels/, to copy there with the tree.
-gpu-wheels: setup
-	bash tools/gpu_wheels.sh wheels
+# Python 3.12 image lacks, and this package's cp312 wheel, into the ignored wheels/, to copy
+# there with the tree.
+gpu-wheels: setup $(WHEEL_VENV)/.deps
+	WHEEL_VENV=$(WHEEL_VENV) bash tools/gpu_wheels.sh wheels
 
 clean:
 	rm -rf build dist $(VENV) .venv-verl $(WHEEL_VENV) lze_kernels/*.so

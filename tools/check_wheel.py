@@ -4,8 +4,9 @@ Per wheel: the CPU module and the CUDA module are in it and the emulated one (a 
 not; no native module links or imports libtorch (they take raw pointers, so one wheel serves
 every torch); the CUDA module's fatbin holds SASS for every architecture of ``SASS_ARCHS`` and
 PTX for ``PTX_ARCHS`` (``cuobjdump --list-elf`` / ``--list-ptx``, from PATH); the wheel is under
-``MAX_BYTES``. Prints one line per wheel, writes the findings as JSON with ``--json`` and exits 1
-when a wheel breaks a promise.
+``MAX_BYTES``. Prints one line per wheel, writes them as a JSON table with ``--json`` (one row a
+wheel: benchmarks/results/wheel.json, which docs/install.md quotes) and exits 1 when a wheel breaks
+a promise.
 
     python tools/check_wheel.py [--json report.json] dist/*.whl
 """
@@ -85,24 +86,31 @@ def check(wheel: Path, unpacked: Path) -> tuple[dict, list[str]]:
     return findings, problems
 
 
+def row(wheel: Path, findings: dict, problems: list[str]) -> dict:
+    """One wheel's line of the report."""
+    fatbin = findings.get("fatbin", {})
+    return {"wheel": wheel.name, "MiB": f"{findings['bytes'] / 2**20:.2f}",
+            "modules": " ".join(findings["modules"]),
+            "SASS": " ".join(f"sm_{a}" for a in fatbin.get("elf", [])),
+            "PTX": " ".join(f"sm_{a}" for a in fatbin.get("ptx", [])),
+            "torch symbols or libraries": sum(map(len, findings["torch_links"].values())),
+            "problems": "; ".join(problems) or "none"}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("wheels", nargs="+", type=Path)
-    parser.add_argument("--json", type=Path, help="write the findings here")
+    parser.add_argument("--json", type=Path, help="write the report here")
     args = parser.parse_args(argv)
-    report, failed = {}, False
+    rows = []
     for wheel in args.wheels:
         with tempfile.TemporaryDirectory() as unpacked:
             findings, problems = check(wheel, Path(unpacked))
-        report[wheel.name] = {**findings, "problems": problems}
-        fatbin = findings.get("fatbin", {})
-        print(f"{wheel.name}: {findings['bytes'] / 2**20:.1f} MiB, modules "
-              f"{' '.join(findings['modules'])}, SASS {fatbin.get('elf')}, PTX "
-              f"{fatbin.get('ptx')}: {'; '.join(problems) or 'ok'}")
-        failed |= bool(problems)
+        rows.append(row(wheel, findings, problems))
+        print(", ".join(f"{k} {v}" for k, v in rows[-1].items()))
     if args.json:
-        args.json.write_text(json.dumps(report, indent=1) + "\n")
-    return 1 if failed else 0
+        args.json.write_text(json.dumps({"rows": rows}, indent=1) + "\n")
+    return 1 if any(r["problems"] != "none" for r in rows) else 0
 
 
 if __name__ == "__main__":
