@@ -89,7 +89,7 @@ wheel: $(WHEEL_VENV)/.deps
 
 # The wheel as a user installs it (tests/test_wheel_install.py): this Python's wheel into fresh
 # venvs whose PATH has no compiler, nvcc or CMake, beside torch 2.13.0 and 2.5.1 (a CUDA build
-# from PyPI, some 3 GB), then the kernel tests against it. About 15 min; not part of make test.
+# from PyPI, several GB), then the kernel tests against it. About 15 min; not part of make test.
 test-wheel: wheel setup
 	LZE_TEST_WHEELS=$(abspath dist) $(PY) -m pytest -q -n 0 -s tests/test_wheel_install.py
 

@@ -3,8 +3,8 @@
 # holding the CPU module and the CUDA module (sm_80/86/89/90 SASS + sm_90 PTX) built with the
 # CUDA compiler of requirements/wheel.in (PyPI's nvidia-cuda-nvcc; no system toolkit), repaired
 # by auditwheel to the platform tag PLAT, then checked by tools/check_wheel.py. The wheels are
-# built from the sdist, so an sdist that lacks a build input fails here. Logs and the check's
-# report go to build/wheel/.
+# built from the sdist, so an sdist that lacks a build input fails here; each build's log (pip -v,
+# CMake's output) must name that compiler. Logs and the check's report go to build/wheel/.
 #   usage: tools/build_wheels.sh [DIST] [PYTHON_VERSION ...]     (default: 3.11 3.12 3.13)
 #   env:   WHEEL_VENV (default .venv-wheel), PLAT (default manylinux_2_35_x86_64)
 set -euo pipefail
@@ -39,8 +39,10 @@ for v in "${versions[@]}"; do
   # where the runtime package keeps libcudart_static.a (lib/, where nvcc looks in lib64/).
   env -u LZE_CUDA_ARCHS CUDACXX="$toolkit/bin/nvcc" CUDAFLAGS="-L$toolkit/lib" \
     LZE_BUILD_CUDA=ON LZE_BUILD_CUDA_EMULATED=OFF PIP_CONSTRAINT=requirements/constraints-cuda.txt \
-    "$py" -m pip wheel --no-deps --disable-pip-version-check -w "$work/raw" "$sdist" \
+    "$py" -m pip wheel -v --no-deps --disable-pip-version-check -w "$work/raw" "$sdist" \
     >"$work/build-$v.log" 2>&1 || { tail -n 40 "$work/build-$v.log"; exit 1; }
+  grep -q "Check for working CUDA compiler: $toolkit/bin/nvcc" "$work/build-$v.log" ||
+    { echo "tools/build_wheels.sh: CMake did not take $toolkit/bin/nvcc" >&2; exit 1; }
 done
 
 for raw in "$work"/raw/*.whl; do
