@@ -76,7 +76,7 @@ $(VENV)/.built: $(VENV)/.deps-$(PIN_SET) $(SOURCES)
 # The wheels users install (docs/install.md, "The wheel"): dist/ gets the sdist and one manylinux
 # wheel per Python of WHEEL_PYTHONS, with the CPU and CUDA kernels, built with the CUDA compiler
 # from PyPI that requirements/wheel.in pins into WHEEL_VENV (tools/build_wheels.sh), repaired by
-# auditwheel and checked by tools/check_wheel.py. About 2 min per Python on 2 cores.
+# auditwheel and checked by tools/check_wheel.py. About 10 min for three on a busy 2-core machine.
 WHEEL_VENV ?= .venv-wheel
 WHEEL_PYTHONS ?= 3.11 3.12 3.13
 $(WHEEL_VENV)/.deps: requirements/wheel.in
@@ -89,7 +89,8 @@ wheel: $(WHEEL_VENV)/.deps
 
 # The wheel as a user installs it (tests/test_wheel_install.py): this Python's wheel into fresh
 # venvs whose PATH has no compiler, nvcc or CMake, beside torch 2.13.0 and 2.5.1 (a CUDA build
-# from PyPI, several GB), then the kernel tests against it. About 15 min; not part of make test.
+# from PyPI, several GB), then the kernel tests against it: some 15 min after make wheel's. Not
+# part of make test.
 test-wheel: wheel setup
 	LZE_TEST_WHEELS=$(abspath dist) $(PY) -m pytest -q -n 0 -s tests/test_wheel_install.py
 
