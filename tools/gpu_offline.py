@@ -1,15 +1,18 @@
 """The GPU check's offline path, for its maintainers (tools/README.md): a machine with one GPU,
 a fixed Python 3.12 image and no network gets this package's source tree and a folder of wheels
-(what the image lacks), small enough to travel with the tree, and a time budget for the whole
-command. A user with pip does not need any of this: ``make test-gpu`` (docs/gpu-check.md).
+(what the image lacks, and this package's own cp312 wheel from `make wheel`), small enough to
+travel with the tree, and a time budget for the whole command. A user with pip does not need any
+of this: ``make test-gpu`` (docs/gpu-check.md).
 
     python tools/gpu_offline.py wheels [--dest wheels]   # with PyPI: download/build the wheels
     python tools/gpu_offline.py travel                   # what travels, against its budget
     WHEELS=wheels GPU_CHECK_BUDGET_S=420 bash tools/gpu_check.sh REPORT_DIR   # on the machine
 
 With ``--wheels`` the check's install stage installs the wheels into ``<work>/site``
-(``pip --no-index --no-deps --no-compile --target``) and builds this package there from a copy of
-the tree (the tree may be read-only), instead of checking what is installed.
+(``pip --no-index --no-deps --no-compile --target``), this package's wheel among them, instead of
+checking what is installed; only where the folder holds no wheel of this package that the
+machine can install does it build the package there from a copy of the tree (the tree may be
+read-only), and the report says so.
 """
 
 from __future__ import annotations
@@ -112,12 +115,6 @@ IMAGE_PACKAGES = frozenset((
     "typing-extensions", "typing-inspect", "urllib3", "uvloop", "wadler-lindig", "werkzeug",
     "wheel", "wrapt", "xarray", "xxhash", "yarl", "zipp",
 ))
-# The versions of the last full run (prefixes of the real versions); others are reported, not refused.
-
-# The image's versions (prefixes of the real ones): in offline mode the preflight names any
-# other version in the report (nothing is refused).
-IMAGE_VERSIONS = {"python": "3.12", "torch": "2.11", "triton": "3.6", "transformers": "5.17.0",
-                  "accelerate": "1.15.0", "nvcc": "13.0"}
 # The maintainers' plan for the device: two calls, each within BUDGET_S by the estimates.
 CALLS = (("preflight", "install", "hazards", "kernels", "trainer", "bench", "sanitizer", "memory"),
          ("preflight", "install", "peer"))
@@ -249,8 +246,9 @@ def _installed_at_least(requirement: str) -> bool:
 
 
 # What of the tree the package's build reads.
-BUILD_SOURCES = ("setup.py", "pyproject.toml", "CMakeLists.txt", "README.md", "LICENSE", "csrc",
-                 "lze_kernels", "trainer", "requirements")
+BUILD_SOURCES = ("pyproject.toml", "CMakeLists.txt", "README.md", "LICENSE", "csrc", "lze_kernels",
+                 "trainer", "requirements", "tools/requirements_extras.py")
+PACKAGE = "lze_kernels"  # this package's wheels: lze_kernels-<version>-<tags>.whl
 
 
 def build_package(work: Path, site: Path, log, root: Path = ROOT,
@@ -267,6 +265,7 @@ def build_package(work: Path, site: Path, log, root: Path = ROOT,
             shutil.copytree(path, source / name, ignore=shutil.ignore_patterns(
                 "__pycache__", "*.so", "*.pyc"))
         elif path.is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(path, source / name)
     for path in source.rglob("*"):  # a read-only tree's copy stays read-only otherwise
         path.chmod(path.stat().st_mode | 0o200)
@@ -277,14 +276,22 @@ def build_package(work: Path, site: Path, log, root: Path = ROOT,
                    str(source)], log, env=env, cwd=work)
 
 
+def package_wheel(installed: list[str]):
+    """The name of this package's wheel among the ``installed`` ones, or None."""
+    return next((name for name in installed if name.split("-")[0] == PACKAGE), None)
+
+
 def install(wheels: Path, site: Path, work: Path, log) -> dict:
-    """The offline install stage's work: the wheels, then the package's build, timed."""
+    """The offline install stage's work: the wheels, this package's among them; without one
+    for this machine, the package's build from the tree instead, timed."""
     import time
 
     result = {"wheels": install_wheels(wheels, site, log)}
-    begin = time.monotonic()
-    result["build_exit"] = build_package(work, site, log)
-    result["build_seconds"] = round(time.monotonic() - begin, 1)
+    result["package_wheel"] = package_wheel(result["wheels"]["installed"])
+    if result["package_wheel"] is None:
+        begin = time.monotonic()
+        result["build_exit"] = build_package(work, site, log)
+        result["build_seconds"] = round(time.monotonic() - begin, 1)
     return result
 
 

@@ -270,7 +270,8 @@ def _machine(results: dict, pre: dict) -> list[str]:
             f"{versions.get('torch', '?')} / {versions.get('triton', '?')} |",
             f"| transformers / nvcc | {versions.get('transformers', '?')} / "
             f"{versions.get('nvcc', '?')} |",
-            f"| versions unlike the expected ones | {'; '.join(mismatches) or 'none'} |",
+            f"| versions unlike {pre.get('expected_from', 'the expected ones')} | "
+            f"{'; '.join(mismatches) or 'none'} |",
             f"| command time | {results.get('elapsed_s', '?')} s of a {results.get('budget_s', '?')}"
             f" s budget |",
             *(f"| run {i} | {run} |" for i, run in enumerate(results.get("runs", []), 1))]
@@ -289,7 +290,8 @@ def _notes(name: str, r: dict) -> str:
                 f"{r.get('skipped', 0)} skipped; backends {','.join(r.get('backends', []))}")
     if name == "install":
         bad = [m for m, v in r.get("imports", {}).items() if not str(v).startswith("ok")]
-        built = (f"build {r['build_seconds']} s" if "build_seconds" in r
+        built = (f"wheel {r['package_wheel']}" if r.get("package_wheel")
+                 else f"build {r['build_seconds']} s" if "build_seconds" in r
                  else "the installed packages")
         return f"{built}; " + (f"imports failed: {', '.join(bad)}" if bad else "all imports ok")
     if name == "sanitizer":
