@@ -26,7 +26,7 @@ g++ -std=c++20 -pthread -O0 -g --coverage -ffp-contract=off -DLZE_CUDA_EMULATION
 
 report() {  # gcov of the objects in one directory; keep our kernel sources and the emulator
   (cd "$1" && gcov --preserve-paths "$2"/*.gcda 2>/dev/null |
-    grep -A1 -E "^File '.*(lze_select\.cu|lze_step\.cu|lze_topk\.cu|cuda_emu\.h)'" | grep -v -- '--')
+    grep -A1 -E "^File '.*(lze_select\.cu|lze_step\.cu|lze_topk\.cu|cuda_emu\.h|emu_[a-z]+\.h)'" | grep -v -- '--')
 }
 echo "== cuda_emulated cases of tests/test_backends.py"
 report "$out" "$(dirname "$(find "$out/cmake" -name 'emu_kernels.cpp.gcda' | head -1)")"
