@@ -6,8 +6,10 @@ reference on the device up to B = 1,048,576, that the unchecked and the default 
 synchronise (sync debug mode "error") and the checked one once, that the default check reads the
 step kernel's host-mapped fault word (no copy launch) also under CUDA-graph replay, that the step
 can be captured and replayed (LZESelector.capture_step, and a raw torch.cuda.graph), and its
-launches: CUDA two up to 16,384 groups (the step, the one-block selection) and four above (the
-step, three selection launches); Triton two up to 4,096 (the step, one program) and seven above;
+launches: CUDA two up to 16,384 groups (the step, the one-block selection) and above the step, a
+histogram launch a digit of the device's plan and the write (module.select_step_launches of the
+plan: two digits where 128 KiB of counters fit a block, three elsewhere); Triton two up to 4,096
+(the step, one program) and seven above;
 the DOTS prediction against its reference, and GRESO's filter and the forward pruner on the device
 against the same code on the CPU (Philox draws: equal on any device), without a host sync.
 """
@@ -160,14 +162,26 @@ def test_step_in_cuda_graph(name, batch):
         assert torch.equal(out.energy, want.energy)
 
 
-# One block takes up to 16,384 groups in CUDA (three launches above), one program up to 4,096 in
-# Triton (six above).
-@pytest.mark.parametrize("name,batch,launches", [
-    (name, batch, 2 if batch <= limit else 1 + more)
-    for name, limit, more in (("cuda", 16384, 3), ("triton", 4096, 6))
-    for batch in (1024, 4096, 4097, 16384, 16385, 65537, 1 << 20)])
-def test_kernel_launches_per_step(name, batch, launches):
-    sel = LZESelector(2 * batch, device="cuda", backend=backend_or_skip(name))
+def expected_launches(name: str, batch: int) -> int:
+    """CUDA: the module's count for its plan on this device (tests/test_plans.py checks the
+    plans per architecture); Triton: one program up to 4,096 groups, six launches above."""
+    if name == "cuda":
+        from lze_kernels import native
+
+        module = native.CUDA.module
+        status, plan = module.plan_topk(batch, torch.cuda.current_device())
+        assert status == 0
+        return module.select_step_launches(plan, 0)
+    return 2 if batch <= 4096 else 7
+
+
+@pytest.mark.parametrize("name", ["cuda", "triton"])
+@pytest.mark.parametrize("batch", (1024, 4096, 4097, 16384, 16385, 65537, 1 << 20))
+def test_kernel_launches_per_step(name, batch):
+    launches = expected_launches(backend_or_skip(name), batch)
+    if name == "cuda" and batch <= 16384:
+        assert launches == 2  # the step and the one-block selection, on every architecture
+    sel = LZESelector(2 * batch, device="cuda", backend=name)
     inputs = make_inputs(batch, 16, 2 * batch, 0)
     sel.step(*inputs, check_inputs=False)
     torch.cuda.synchronize()
