@@ -323,22 +323,22 @@ int main() {
                                                   {86, emu::BlockOrder::kReverse},
                                                   {89, emu::BlockOrder::kRandom},
                                                   {90, emu::BlockOrder::kForward}};
-  // The step kernel asks for no opt-in: its cases once, on the first architecture.
+  // The step kernel and the one-block plan do not change with the architecture (under
+  // LZE_EMU_SMALL_PLANS the one-block plan takes up to 2,048 rows everywhere): their cases once;
+  // the large plan's (two 16-bit digits on sm_80 and sm_90, three of 11, 11 and 10 bits on sm_86
+  // and sm_89, tiles of at least 1,024 rows here) under every architecture.
   use_architecture(runs[0].first, runs[0].second);
   run_step_case(600, 8, 1);  // tiles of 256 rows (G <= 32): 3 blocks, the last partial
   run_step_case(12, 40, 2);  // one warp per row, 8 rows per block: 2 blocks
   run_step_case(6, 3, 3);    // one tile, partial warp of rows
+  run_topk_case(50, 0.0f);   // one block
+  run_topk_case(300, 0.05f);
+  run_select_case(600, 8, 0.05f, 4);  // one block, the draws and extent from the step kernel
+  run_select_case(40, 40, 0.05f, 6);  // the warp-per-row step kernel's extents and draws
   for (const auto& [sm, order] : runs) {
     use_architecture(sm, order);
-    // Under tools/emu_tsan.sh (LZE_EMU_SMALL_PLANS) the one-block plan takes up to 2,048 rows
-    // and the large plan's tiles have at least 1,024 (csrc/cuda/selection_plan.h); otherwise
-    // 16,384 and 4,096.
-    run_topk_case(50, 0.0f);      // one block
-    run_topk_case(300, 0.05f);
-    run_topk_case(2100, 0.05f);   // small plans: prepare + the large plan, the last tile 52 rows
-    run_select_case(600, 8, 0.05f, 4);   // one block, the draws and extent from the step kernel
-    run_select_case(2500, 4, 0.05f, 5);  // small plans: the large plan over three tiles
-    run_select_case(40, 40, 0.05f, 6);   // the warp-per-row step kernel's extents and draws
+    run_topk_case(2100, 0.05f);          // prepare + the large plan, the last tile 52 rows
+    run_select_case(2500, 4, 0.05f, 5);  // the large plan over three tiles
   }
   if (failures != 0) {
     std::printf("%d checks failed\n", failures);
