@@ -27,11 +27,14 @@ import transfer_queue as tq  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 from verl.utils.tensordict_utils import list_of_dict_to_tensordict  # noqa: E402
 
+from crafted_state import same  # noqa: E402
+
 from lze_kernels import LZEConfig, LZESelector  # noqa: E402
 from lze_kernels.config import num_keep  # noqa: E402
 from lze_kernels.integrations.verl import checkpoint  # noqa: E402
 from lze_kernels.integrations.verl.checkpoint import LZERLHFDataset  # noqa: E402
 from lze_kernels.integrations.verl.replay_buffer import LZEReplayBuffer  # noqa: E402
+from lze_kernels.integrations.verl.row_table import RowTable, prompt_keys  # noqa: E402
 from lze_kernels.integrations.verl.rows import select_on_rows  # noqa: E402
 from torchdata.stateful_dataloader import StatefulDataLoader  # noqa: E402
 from verl.trainer.ppo.utils import create_rl_sampler  # noqa: E402
@@ -219,16 +222,28 @@ def test_topk_keeps_groups_of_unequal_size_whole_counted_by_rows(transfer_queue)
     clear_train_partition()
 
 
-def test_a_dataset_without_row_indices_is_refused_at_the_first_step(transfer_queue):
-    """Every trajectory carries index 0 (verl's fill for a missing extra_info.index): the first
-    selection refuses it with the fix, the selector untouched."""
-    rollouts = Rollouts(order=[0] * 4)
+def assert_refused_unchanged(rb, says):
+    """The second round's sample() is refused, saying ``says``, the selector as before it."""
+    before = rb.selector.state_dict()
+    with pytest.raises(ValueError, match=says):
+        rb.sample(global_steps=2, partition_id="train", batch_size=4)
+    assert same(rb.selector.state_dict(), before)
+
+
+def test_a_dataset_without_row_indices_is_refused_at_every_step(transfer_queue):
+    """Every trajectory carries index 0 (verl's fill for a missing extra_info.index): refused
+    with the fix at any step (here after a round of right rows), the selector untouched."""
+    rollouts = Rollouts(order=[5, 0, 9, 2] + [0] * 4)
     rb = buffer(rollouts, lze={"keep_ratio": 0.5})
-    rollouts.dispatch(4)
-    with pytest.raises(ValueError, match=r"extra_info\.index.*with_indices=True"):
+    try:
+        rollouts.dispatch(4)
         rb.sample(global_steps=1, partition_id="train", batch_size=4)
-    assert int(rb.selector.state.step_counter[0]) == 0
-    clear_train_partition()
+        clear_train_partition()
+        rollouts.dispatch(4)
+        assert_refused_unchanged(rb, r"extra_info\.index.*with_indices=True")
+    finally:
+        clear_train_partition()
+        checkpoint.unregister("replay_buffer")
 
 
 def test_a_repeated_row_in_one_round_is_one_observation(transfer_queue):
@@ -593,6 +608,10 @@ def test_setups_the_selection_cannot_serve_are_refused_at_start_up():
                          "reward.reward_model.enable_resource_pool": True}))  # scored in time
     with pytest.raises(ValueError, match=r"data\.custom_cls.*LZERLHFDataset"):
         built(verl_config(**{"data.custom_cls.path": None}))
+    with pytest.raises(ValueError, match=r"data\.custom_cls: .*needs LZERLHFDataset.*got "
+                                         r"OwnDataset; set data\.custom_cls\.path="):
+        built(verl_config(**{"data.custom_cls.path": USER_DATASETS,
+                             "data.custom_cls.name": "OwnDataset"}))
     with pytest.raises(ValueError, match="dataloader_num_workers"):
         built(verl_config(**{"data.dataloader_num_workers": 2}))
     same_files = verl_config(**{"data.train_files": ["t.parquet"], "data.val_files": "t.parquet"})
@@ -625,13 +644,16 @@ def test_selection_that_cannot_act_warns_at_start_up(changes, sync_step, warned)
         assert "lze/keep_ratio_effective = 1.0" in said[0] and "ppo_mini_batch_size" in said[0]
 
 
+def prompt_of(row):
+    return [{"role": "user", "content": f"prompt {row}"}]
+
+
 class TrainSet:
-    """What LZERLHFDataset reports: its size and each row's extra_info.index."""
+    """What LZERLHFDataset reports: its size and each row's prompt and extra_info.index (its
+    row)."""
 
-    def __init__(self, source_index):
-        from lze_kernels.integrations.verl.rows import RowTable
-
-        self.rows = RowTable(np.array(source_index, dtype=np.int64))
+    def __init__(self, size):
+        self.rows = RowTable(prompt_keys([prompt_of(r) for r in range(size)]), np.arange(size))
 
     def __len__(self):
         return len(self.rows)
@@ -646,48 +668,89 @@ def test_num_prompts_comes_from_the_train_set_or_is_checked_against_it():
         state = LZESelector(6, LZEConfig(keep_ratio=0.5)).state_dict()
         state["step_counter"] += 3
         rb.load_state_dict({"selector": state})
-        rb.use_train_set(TrainSet(range(6)))
+        rb.use_train_set(TrainSet(6))
         assert rb.selector.num_prompts == 6 and int(rb.selector.state.step_counter[0]) == 3
         with pytest.raises(ValueError, match=r"num_prompts: 16 given.*7 rows"):
-            buffer(Rollouts([]), num_prompts=16).use_train_set(TrainSet(range(7)))
+            buffer(Rollouts([]), num_prompts=16).use_train_set(TrainSet(7))
     finally:
         checkpoint.unregister("replay_buffer")
 
 
-def put_groups(rows, pass_counts, extra_index=None, step=1):
-    """Finished groups as the agent loop stores them, with extra_info."""
+def put_groups(rows, pass_counts, prompts, step=1, extra_infos=None):
+    """Finished groups as the agent loop stores them: each trajectory with its dataset item's
+    fields (``rows``: their ``index``, ``prompts``: their ``raw_prompt``, ``extra_infos``:
+    their ``extra_info``)."""
     uids = [uuid.uuid4().hex for _ in rows]
     tq.kv_batch_put(keys=uids, partition_id="train", tags=[
         {"is_prompt": True, "status": "finished", "global_steps": step} for _ in rows])
     keys, fields = [], []
-    for i, (uid, row, count) in enumerate(zip(uids, rows, pass_counts)):
-        index = row if extra_index is None else extra_index[i]
+    extra_infos = extra_infos if extra_infos is not None else [{"index": int(r)} for r in rows]
+    for uid, row, count, prompt, extra in zip(uids, rows, pass_counts, prompts, extra_infos):
         for session in range(GROUP):
             reward = torch.zeros(3)
             reward[-1] = float(session < count)
             keys.append(f"{uid}_{session}_0")
-            fields.append({"rm_scores": reward, "index": row,
-                           "extra_info": {"index": index, "split": "train"}})
+            fields.append({"rm_scores": reward, "index": int(row), "raw_prompt": prompt,
+                           "extra_info": extra})
     tq.kv_batch_put(keys=keys, partition_id="train", fields=list_of_dict_to_tensordict(fields),
                     tags=[{"status": "success", "global_steps": step}] * len(keys))
 
 
-def test_rows_are_checked_against_extra_info_index_every_step(transfer_queue):
-    """Two files whose indices both restart at 0: the train set's rows 0-3 carry
-    extra_info.index 0, 1, 0, 1. Trajectories whose rows agree with that are selected; a
-    trajectory whose row is not its prompt's position (row 1 with the extra_info.index of
-    row 2) is refused naming the fix, the selector untouched."""
+def test_rows_are_checked_by_their_prompts_every_step(transfer_queue):
+    """The train set's row table holds each row's prompt: trajectories whose prompts are those
+    of their rows are selected; a round in which row 1 carries the prompt of row 2 is refused
+    naming the fix, the selector untouched."""
     rb = buffer(Rollouts([]), lze={"keep_ratio": 0.5, "noise_scale": 0.0})
     try:
-        rb.use_train_set(TrainSet([0, 1, 0, 1] + list(range(2, NUM_PROMPTS - 2))))
-        put_groups([0, 1, 2, 3], [1, 2, 3, 1], extra_index=[0, 1, 0, 1])
-        batch, _ = rb.sample(global_steps=1, partition_id="train", batch_size=4)
+        rb.use_train_set(TrainSet(NUM_PROMPTS))
+        put_groups([0, 1, 2, 3], [1, 2, 3, 1], [prompt_of(r) for r in range(4)])
+        rb.sample(global_steps=1, partition_id="train", batch_size=4)
         assert int(rb.selector.state.step_counter[0]) == 1
         clear_train_partition()
-        put_groups([0, 1, 2, 3], [1, 2, 3, 1], extra_index=[0, 0, 0, 1], step=2)
-        with pytest.raises(ValueError, match=r"row 1 carries extra_info\.index 0.*custom_cls"):
+        put_groups([0, 1, 2, 3], [1, 2, 3, 1], [prompt_of(r) for r in (0, 2, 2, 3)], step=2)
+        with pytest.raises(ValueError, match=r"index_field \('index'\): a prompt arrives as row "
+                                             r"1, but row 1 .*custom_cls"):
             rb.sample(global_steps=2, partition_id="train", batch_size=4)
         assert int(rb.selector.state.step_counter[0]) == 1
+    finally:
+        clear_train_partition()
+        checkpoint.unregister("replay_buffer")
+
+
+USER_DATASETS = os.path.join(os.path.dirname(__file__), "verl_cpu", "user_datasets.py")
+
+
+def test_a_subclass_handing_extra_info_index_is_refused_at_its_step(transfer_queue, tmp_path):
+    """An LZERLHFDataset subclass that hands verl extra_info.index as the row (data.custom_cls,
+    built by verl's create_rl_dataset, which reports it to the buffer), over two files whose
+    indices restart at 0, its items fetched by verl's dataloader in order and stored as the
+    agent loop stores them: the first round (prompts 0-3, at their rows) selects; the second
+    holds prompts 6 and 7 of the second file as rows 0 and 1, which hold prompts 0 and 1: it is
+    refused naming the fix, the selector as after the first round."""
+    from verl.trainer.ppo.utils import create_rl_dataset
+    from verl_cpu import task
+
+    files = [str(task.write_dataset(tmp_path / "a.parquet", 12, rows=list(range(6)))),
+             str(task.write_dataset(tmp_path / "b.parquet", 12, rows=list(range(6, 12)),
+                                    indices=list(range(6))))]
+    rb = buffer(Rollouts([]), num_prompts=None, lze={"keep_ratio": 0.5, "noise_scale": 0.0})
+    try:
+        config = OmegaConf.create({"train_files": files, "filter_overlong_prompts": False,
+                                   "custom_cls": {"path": USER_DATASETS,
+                                                  "name": "SourceIndexDataset"}})
+        dataset = create_rl_dataset(config.train_files, config, None, None)
+        assert rb.selector.num_prompts == 12
+        items = iter(StatefulDataLoader(dataset, batch_size=4, collate_fn=collate_fn))
+        first = next(items)
+        put_groups(first["index"], [1, 2, 3, 1], first["raw_prompt"], 1, first["extra_info"])
+        rb.sample(global_steps=1, partition_id="train", batch_size=4)
+        clear_train_partition()
+        second = next(items)
+        assert second["index"].tolist() == [4, 5, 0, 1]
+        put_groups(second["index"], [1, 2, 3, 1], second["raw_prompt"], 2,
+                   second["extra_info"])
+        assert_refused_unchanged(rb, r"a prompt arrives as row 0, but row 0 of the train set "
+                                     r"holds another prompt.*custom_cls")
     finally:
         clear_train_partition()
         checkpoint.unregister("replay_buffer")
