@@ -117,6 +117,12 @@ class Repeats:
     of_group: np.ndarray  # [num_groups] position of each group's row in ``rows``
     occurrence: np.ndarray  # [num_groups] how many earlier groups share its row
 
+    @classmethod
+    def none(cls, group_rows: np.ndarray) -> "Repeats":
+        """Every group its own row (what a per-group method takes the groups as)."""
+        count = group_rows.shape[0]
+        return cls(group_rows, np.arange(count), np.zeros(count, np.int64))
+
     @property
     def any(self) -> bool:
         return self.rows.shape[0] != self.of_group.shape[0]
@@ -127,7 +133,7 @@ def find_repeats(group_rows: np.ndarray) -> Repeats:
     listed = group_rows.tolist()
     numbers = dict(zip(dict.fromkeys(listed), itertools.count()))
     if len(numbers) == len(listed):
-        return Repeats(group_rows, np.arange(len(listed)), np.zeros(len(listed), np.int64))
+        return Repeats.none(group_rows)
     of_group = np.fromiter(map(numbers.__getitem__, listed), np.int64, len(listed))
     order = np.argsort(of_group, kind="stable")
     counts = np.bincount(of_group)
@@ -207,10 +213,12 @@ def select_on_rows(method: str, selector: Optional[LZESelector], rewards: torch.
     keys ``group_keys`` (None: not known). LZE runs one selector step on the distinct rows, a
     repeated row's groups merged (module docstring), after refusing rows that cannot be right
     (:func:`check_repeated_rows`); DAPO is per group."""
-    repeats = find_repeats(group_rows)
-    if method == "lze":
+    if method == "dapo":  # per group: its rows are only reported
+        repeats = Repeats.none(group_rows)
+    else:
+        repeats = find_repeats(group_rows)
         check_repeated_rows(group_rows, group_keys, repeats)
-    if method == "dapo" or not repeats.any:
+    if not repeats.any:
         ids = torch.as_tensor(group_rows, device=rewards.device)
         selection = select_groups(method, selector, rewards, ids, valid, score_fn,
                                   ids_checked=True)
