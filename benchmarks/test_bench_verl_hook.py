@@ -20,18 +20,18 @@ rendered from it (docs/verl.md quotes both tables).
 
   Medians over rounds of fresh uids on the same tensors, the estimators in turn within each round,
   each round starting one estimator later (:func:`rotated`; verl's loop afterwards on its own,
-  fewer rounds at large sizes), B x G from 128 x 8 to 4,096 x 16, T = 256 and 2,048. Goal: the adapter faster than ``grpo_vectorized`` and within
-  1.5x the floor + 0.5 ms in every case (``meets_goal``). The adapter's outputs are checked
+  fewer rounds at large sizes), B x G from 128 x 8 to 4,096 x 16, T = 256 and 2,048. Goal: the
+  adapter faster than ``grpo_vectorized`` and within 1.5x the floor + 0.5 ms in every case
+  (``meets_goal``). The adapter's outputs are checked
   against both verl estimators on one batch of each case, and its selection against LZE's host
   loop (baselines.PythonLoopSelector, the public release's way).
 * **The legacy hook** (``test_verl_hook_against_verls_own_step``, results/verl_hook.{json,md}):
   ``LZERayPPOTrainer``'s ``_balance_batch`` plus ``compute_advantage`` on the kept rows against
   what verl runs at the same two points on the whole batch.
 * **The prompt keys** (``test_prompt_key_cost``, results/verl_prompt_keys.{json,md}): what
-  checking a step's rows by their prompts adds at B = 1,024 (legacy: hashing the prompts
-  ``_get_gen_batch`` binds and the row table's check; v1: the same after reading each group's
-  ``raw_prompt`` from TransferQueue), against verl's own ``_balance_batch`` +
-  ``compute_advantage`` on that step's B x n responses.
+  checking a step's rows by their prompts adds at B = 1,024 (``LZERLHFDataset``'s check of a
+  fetch; legacy also ``_get_gen_batch``'s of the bound prompts), against verl's own
+  ``_balance_batch`` + ``compute_advantage`` on that step's B x n responses.
 
 On a 2-core machine shared with other jobs, two OpenMP threads per op made small torch ops
 10-100x slower (barrier waits): measure with ``OMP_NUM_THREADS=1``; each case records the load
@@ -421,9 +421,9 @@ def gsm8k_like(rows) -> np.ndarray:
 # What checking a step's rows by their prompts costs at B = 1,024 prompts of n = 8 responses,
 # against verl's own _balance_batch + compute_advantage (grpo) on that step's B x n responses (a
 # small part of verl's step, which also generates, scores and trains on them: the share of the
-# step is smaller still). legacy: the prompt keys of the B prompts _get_gen_batch binds and the
-# train set's row table's check; v1: the same after reading one trajectory's raw_prompt per group
-# from TransferQueue (a local Ray instance, one storage unit, as verl's v1 trainer reads it).
+# step is smaller still). v1: LZERLHFDataset's check of the items of the step's fetch (hash each
+# prompt, compare with its row's key); legacy with LZERLHFDataset: that, and _get_gen_batch's
+# check of the bound prompts.
 
 KEY_RESULTS = os.path.join(os.path.dirname(__file__), "results", "verl_prompt_keys.json")
 KEY_TABLE = os.path.join(os.path.dirname(__file__), "results", "verl_prompt_keys.md")
@@ -433,18 +433,14 @@ KEY_ROUNDS = 15
 
 def test_prompt_key_cost():
     pytest.importorskip("verl", reason="verl runs in .venv-verl (make test-verl)")
-    import ray
-    import transfer_queue as tq
     from verl.trainer.config import AlgoConfig
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer, compute_advantage
-    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
-
-    from lze_kernels.integrations.verl.replay_buffer import LZEReplayBuffer
 
     num_prompts, group, length = KEY_CASE
     rows = np.random.default_rng(0).permutation(4 * num_prompts)[:num_prompts]
     table = RowTable(prompt_keys(gsm8k_like(range(4 * num_prompts))), np.arange(4 * num_prompts))
     prompts = gsm8k_like(rows)
+    items = [{"index": int(row), "raw_prompt": prompt} for row, prompt in zip(rows, prompts)]
     plain, batches = trainer(RayPPOTrainer, num_prompts, group), Batches(num_prompts, group, length)
     algo = AlgoConfig(norm_adv_by_std_in_grpo=True)
 
@@ -456,33 +452,25 @@ def test_prompt_key_cost():
         compute_advantage(batch, adv_estimator="grpo", config=algo)
         return time.perf_counter() - start
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    tq.init(OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}}))
+    def fetched_and_bound():
+        table.check_items(items)
+        table.check(rows, prompt_keys(prompts))
+
+    timed = {"v1": lambda: _seconds(table.check_items, items),
+             "legacy": lambda: _seconds(fetched_and_bound), "verl": verl_step}
+    times = {name: [] for name in timed}
+    gc.collect()
+    gc.disable()
     try:
-        keys = [f"{uuid.uuid4().hex}_0_0" for _ in rows]
-        tq.kv_batch_put(keys=keys, partition_id="train", fields=list_of_dict_to_tensordict(
-            [{"raw_prompt": prompt, "index": int(row)} for prompt, row in zip(prompts, rows)]),
-            tags=[{"status": "success"}] * len(keys))
-        timed = {"legacy": lambda: _seconds(lambda: table.check(rows, prompt_keys(prompts))),
-                 "v1": lambda: _seconds(lambda: table.check(
-                     rows, LZEReplayBuffer._prompt_keys(keys, "train"))),
-                 "verl": verl_step}
-        times = {name: [] for name in timed}
-        gc.collect()
-        gc.disable()
-        try:
-            for round_ in range(KEY_ROUNDS + 1):  # round 0 warms up
-                for name in rotated(list(timed), round_):
-                    seconds = timed[name]()
-                    if round_:
-                        times[name].append(seconds)
-        finally:
-            gc.enable()
+        for round_ in range(KEY_ROUNDS + 1):  # round 0 warms up
+            for name in rotated(list(timed), round_):
+                seconds = timed[name]()
+                if round_:
+                    times[name].append(seconds)
     finally:
-        tq.close()
-        ray.shutdown()
+        gc.enable()
     medians = {f"{name}_s": statistics.median(values) for name, values in times.items()}
-    shares = {name: medians[f"{name}_s"] / medians["verl_s"] for name in ("legacy", "v1")}
+    shares = {name: medians[f"{name}_s"] / medians["verl_s"] for name in ("v1", "legacy")}
     result = {**medians, **{f"{name}_share": share for name, share in shares.items()},
               "meets_goal": {name: share < 0.01 for name, share in shares.items()},
               "rounds": KEY_ROUNDS, "torch_threads": torch.get_num_threads(),
@@ -497,12 +485,12 @@ def _write_key_table() -> None:
     """results/verl_prompt_keys.md from results/verl_prompt_keys.json."""
     with open(KEY_RESULTS) as f:
         table = json.load(f)
-    lines = ["| B x n | T | trainer | the step's prompt keys and the row table's check | verl's "
+    lines = ["| B x n | T | trainer: where the prompts are checked | the check | verl's "
              "_balance_batch + compute_advantage (grpo) | share |", "|---|---|---|---|---|---|"]
     for key, r in sorted(table.items()):
         b, g, t = (p[1:] for p in key.split()[3:])
-        for name, what in (("legacy", "legacy (hash the bound prompts)"),
-                           ("v1", "v1 (read raw_prompt from TransferQueue, hash)")):
+        for name, what in (("v1", "v1: LZERLHFDataset's fetch"),
+                           ("legacy", "legacy with LZERLHFDataset: its fetch and _get_gen_batch")):
             lines.append(f"| {b} x {g} | {t} | {what} | {1e3 * r[f'{name}_s']:.3g} ms | "
                          f"{1e3 * r['verl_s']:.3g} ms | {100 * r[f'{name}_share']:.2g} % "
                          f"(load {r['load_average'][0]:.1f}) |")

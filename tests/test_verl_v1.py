@@ -91,6 +91,21 @@ class Rollouts:
         return len(self.dispatch(count))
 
 
+def prompt_of(row):
+    return [{"role": "user", "content": f"prompt {row}"}]
+
+
+def stub_train_set(monkeypatch):
+    """LZERLHFDataset over NUM_PROMPTS rows, RLHFDataset's item stubbed to its row and prompt
+    (the tokenizer is the boundary), the row table of those prompts as its load reads it."""
+    monkeypatch.setattr(RLHFDataset, "__getitem__", lambda self, item: {
+        "index": item, "input_ids": torch.tensor([item]), "raw_prompt": prompt_of(item)})
+    dataset = object.__new__(LZERLHFDataset)
+    dataset.dataframe, dataset.is_train = list(range(NUM_PROMPTS)), True
+    dataset.rows = TrainSet(NUM_PROMPTS).rows
+    return dataset
+
+
 def buffer(rollouts, refill_fn=None, **options):
     kwargs = OmegaConf.create({"num_prompts": NUM_PROMPTS, **options})
     return LZEReplayBuffer("sync", OmegaConf.create({}), None, "drop", kwargs,
@@ -222,14 +237,6 @@ def test_topk_keeps_groups_of_unequal_size_whole_counted_by_rows(transfer_queue)
     clear_train_partition()
 
 
-def assert_refused_unchanged(rb, says):
-    """The second round's sample() is refused, saying ``says``, the selector as before it."""
-    before = rb.selector.state_dict()
-    with pytest.raises(ValueError, match=says):
-        rb.sample(global_steps=2, partition_id="train", batch_size=4)
-    assert same(rb.selector.state_dict(), before)
-
-
 def test_a_dataset_without_row_indices_is_refused_at_every_step(transfer_queue):
     """Every trajectory carries index 0 (verl's fill for a missing extra_info.index): refused
     with the fix at any step (here after a round of right rows), the selector untouched."""
@@ -240,7 +247,10 @@ def test_a_dataset_without_row_indices_is_refused_at_every_step(transfer_queue):
         rb.sample(global_steps=1, partition_id="train", batch_size=4)
         clear_train_partition()
         rollouts.dispatch(4)
-        assert_refused_unchanged(rb, r"extra_info\.index.*with_indices=True")
+        before = rb.selector.state_dict()
+        with pytest.raises(ValueError, match=r"extra_info\.index.*with_indices=True"):
+            rb.sample(global_steps=2, partition_id="train", batch_size=4)
+        assert same(rb.selector.state_dict(), before)
     finally:
         clear_train_partition()
         checkpoint.unregister("replay_buffer")
@@ -373,10 +383,7 @@ def test_forward_dots_chooses_the_rows_verls_dataloader_fetches(transfer_queue, 
     one at the mean of the observed: the next batch starts with the prompts observed at 1/2 and
     holds none observed at 0 or 1. The tokenizer is the boundary: RLHFDataset's item is stubbed
     to its row."""
-    monkeypatch.setattr(RLHFDataset, "__getitem__",
-                        lambda self, item: {"index": item, "input_ids": torch.tensor([item])})
-    dataset = object.__new__(LZERLHFDataset)
-    dataset.dataframe, dataset.is_train = list(range(NUM_PROMPTS)), True
+    dataset = stub_train_set(monkeypatch)
     loader = StatefulDataLoader(dataset, batch_size=1, drop_last=True, collate_fn=collate_fn,
                                 sampler=create_rl_sampler(OmegaConf.create({"shuffle": False}),
                                                           dataset))
@@ -476,14 +483,13 @@ class V1Rollouts(Rollouts):
 BATCH = 4
 
 
-def v1_run(tmp_path, method, steps, save_at=None, start=0, record=None):
+def v1_run(monkeypatch, tmp_path, method, steps, save_at=None, start=0, record=None):
     """Fresh parts (a new process), then ``steps`` sync steps: prepare_step's fetch of K
     prompts, the buffer's sample (mode topk), verl's _save_checkpoint at ``save_at``; with
     ``start`` the run first resumes through verl's _load_checkpoint."""
     for name in ("replay_buffer", checkpoint.FORWARD):
         checkpoint.unregister(name)
-    dataset = object.__new__(LZERLHFDataset)
-    dataset.dataframe, dataset.is_train = list(range(NUM_PROMPTS)), True
+    dataset = stub_train_set(monkeypatch)
     loader = StatefulDataLoader(dataset, batch_size=1, drop_last=True, collate_fn=collate_fn,
                                 sampler=create_rl_sampler(
                                     OmegaConf.create({"shuffle": True, "seed": 1}), dataset))
@@ -519,10 +525,8 @@ def test_resume_continues_the_identical_selections(transfer_queue, tmp_path, mon
     """verl's v1 _save_checkpoint at ``save_at`` and a fresh process's _load_checkpoint (which
     restores data.pt at every step, an epoch boundary included): the resumed run draws and keeps
     exactly what the uninterrupted run does, for the estimator alone and every forward method."""
-    monkeypatch.setattr(RLHFDataset, "__getitem__", lambda self, item: {
-        "index": item, "input_ids": torch.tensor([item]), "raw_prompt": f"prompt {item}"})
-    record, state = v1_run(tmp_path, method, 8, save_at=save_at)
-    resumed, resumed_state = v1_run(tmp_path, method, 8, start=save_at)
+    record, state = v1_run(monkeypatch, tmp_path, method, 8, save_at=save_at)
+    resumed, resumed_state = v1_run(monkeypatch, tmp_path, method, 8, start=save_at)
     assert resumed == record[save_at:]
     for key in ("fstate", "istate", "step_counter"):  # the selector's whole history
         assert torch.equal(resumed_state[key], state[key])
@@ -644,10 +648,6 @@ def test_selection_that_cannot_act_warns_at_start_up(changes, sync_step, warned)
         assert "lze/keep_ratio_effective = 1.0" in said[0] and "ppo_mini_batch_size" in said[0]
 
 
-def prompt_of(row):
-    return [{"role": "user", "content": f"prompt {row}"}]
-
-
 class TrainSet:
     """What LZERLHFDataset reports: its size and each row's prompt and extra_info.index (its
     row)."""
@@ -684,7 +684,6 @@ def put_groups(rows, pass_counts, prompts, step=1, extra_infos=None):
     tq.kv_batch_put(keys=uids, partition_id="train", tags=[
         {"is_prompt": True, "status": "finished", "global_steps": step} for _ in rows])
     keys, fields = [], []
-    extra_infos = extra_infos if extra_infos is not None else [{"index": int(r)} for r in rows]
     for uid, row, count, prompt, extra in zip(uids, rows, pass_counts, prompts, extra_infos):
         for session in range(GROUP):
             reward = torch.zeros(3)
@@ -696,37 +695,18 @@ def put_groups(rows, pass_counts, prompts, step=1, extra_infos=None):
                     tags=[{"status": "success", "global_steps": step}] * len(keys))
 
 
-def test_rows_are_checked_by_their_prompts_every_step(transfer_queue):
-    """The train set's row table holds each row's prompt: trajectories whose prompts are those
-    of their rows are selected; a round in which row 1 carries the prompt of row 2 is refused
-    naming the fix, the selector untouched."""
-    rb = buffer(Rollouts([]), lze={"keep_ratio": 0.5, "noise_scale": 0.0})
-    try:
-        rb.use_train_set(TrainSet(NUM_PROMPTS))
-        put_groups([0, 1, 2, 3], [1, 2, 3, 1], [prompt_of(r) for r in range(4)])
-        rb.sample(global_steps=1, partition_id="train", batch_size=4)
-        assert int(rb.selector.state.step_counter[0]) == 1
-        clear_train_partition()
-        put_groups([0, 1, 2, 3], [1, 2, 3, 1], [prompt_of(r) for r in (0, 2, 2, 3)], step=2)
-        with pytest.raises(ValueError, match=r"index_field \('index'\): a prompt arrives as row "
-                                             r"1, but row 1 .*custom_cls"):
-            rb.sample(global_steps=2, partition_id="train", batch_size=4)
-        assert int(rb.selector.state.step_counter[0]) == 1
-    finally:
-        clear_train_partition()
-        checkpoint.unregister("replay_buffer")
-
-
 USER_DATASETS = os.path.join(os.path.dirname(__file__), "verl_cpu", "user_datasets.py")
 
 
-def test_a_subclass_handing_extra_info_index_is_refused_at_its_step(transfer_queue, tmp_path):
+def test_a_subclass_handing_extra_info_index_is_refused_at_its_fetch(transfer_queue, tmp_path):
     """An LZERLHFDataset subclass that hands verl extra_info.index as the row (data.custom_cls,
     built by verl's create_rl_dataset, which reports it to the buffer), over two files whose
-    indices restart at 0, its items fetched by verl's dataloader in order and stored as the
-    agent loop stores them: the first round (prompts 0-3, at their rows) selects; the second
-    holds prompts 6 and 7 of the second file as rows 0 and 1, which hold prompts 0 and 1: it is
-    refused naming the fix, the selector as after the first round."""
+    indices restart at 0, its items fetched by verl's dataloader in order: the first batch
+    (prompts 0-3, at their rows) is rolled out (stored as the agent loop stores it) and
+    selected; the second holds prompts 6 and 7 of the second file as rows 0 and 1, which hold
+    prompts 0 and 1: its fetch is refused naming the fix, before any rollout, the selector as
+    after the first step. A row drawn in two groups of one round is one prompt's (the dataset
+    checked it): selected as one observation."""
     from verl.trainer.ppo.utils import create_rl_dataset
     from verl_cpu import task
 
@@ -744,13 +724,16 @@ def test_a_subclass_handing_extra_info_index_is_refused_at_its_step(transfer_que
         first = next(items)
         put_groups(first["index"], [1, 2, 3, 1], first["raw_prompt"], 1, first["extra_info"])
         rb.sample(global_steps=1, partition_id="train", batch_size=4)
+        after = rb.selector.state_dict()
+        with pytest.raises(ValueError, match=r"index: a prompt arrives as row 0, but row 0 of "
+                                             r"the train set holds another prompt.*custom_cls"):
+            next(items)
+        assert same(rb.selector.state_dict(), after)
         clear_train_partition()
-        second = next(items)
-        assert second["index"].tolist() == [4, 5, 0, 1]
-        put_groups(second["index"], [1, 2, 3, 1], second["raw_prompt"], 2,
-                   second["extra_info"])
-        assert_refused_unchanged(rb, r"a prompt arrives as row 0, but row 0 of the train set "
-                                     r"holds another prompt.*custom_cls")
+        put_groups([1, 2, 1, 3], [1, 2, 3, 1], [first["raw_prompt"][i] for i in (1, 2, 1, 3)], 2,
+                   [first["extra_info"][i] for i in (1, 2, 1, 3)])
+        rb.sample(global_steps=2, partition_id="train", batch_size=4)
+        assert int(rb.selector.state.step_counter[0]) == 2
     finally:
         clear_train_partition()
         checkpoint.unregister("replay_buffer")

@@ -133,6 +133,16 @@ class LZERLHFDataset(_dataset_base()):
         row_dict["index"] = row
         return row_dict
 
+    def __getitems__(self, items: list) -> list:
+        """The items of one dataloader fetch (torch's fetcher asks for a batch's items together),
+        each as this class, or a subclass, hands it over, checked against the train set's prompt
+        at the row it names (the field the registered replay buffer reads, else ``index``): a
+        prompt at another prompt's row is refused at its fetch, before its rollout."""
+        batch = [self[item] for item in items]
+        if getattr(self, "is_train", False):
+            self.rows.check_items(batch, getattr(part(REPLAY_BUFFER), "index_field", "index"))
+        return batch
+
     def state_dict(self) -> dict:
         return {"lze_selection": state_dict()}
 

@@ -39,9 +39,9 @@ through its ``refill_fn``): a colocated reward model is refused (v1 scores it af
 as are a dataset class other than ``LZERLHFDataset`` and dataloader workers; a sample that holds
 no whole mini-batch to leave out (k would be every group) is said in a warning. The train set,
 when verl loads it, reports its size (:meth:`LZEReplayBuffer.use_train_set`): ``num_prompts``
-defaults to it, and every round's rows are checked by the prompts their trajectories carry
-(``raw_prompt``) against the train set's prompt at each row (:class:`~.row_table.RowTable`), before
-the selector steps.
+defaults to it. Every prompt's row was checked against the train set's prompt at that row when
+``LZERLHFDataset`` served it (:meth:`~.checkpoint.LZERLHFDataset.__getitems__`, before the
+rollout), so groups that share a row are taken as draws of one prompt.
 
 Options come from ``trainer.v1.sampler.sampler_kwargs``: ``mode`` (``topk`` / ``refill``),
 ``method`` (``lze`` / ``dapo``), ``num_prompts`` (the train set's size; default: taken from it),
@@ -87,7 +87,7 @@ from . import checkpoint
 from .estimator import _layout, group_by_uid
 from .forward import ForwardSampler
 from .minibatch import group_unit, groups_to_train, leading_groups_near, no_selection_warning
-from .row_table import DATASET_FIX, prompt_keys
+from .row_table import DATASET_FIX
 from .rows import INDEX_FIX, check_row_range, host_rows, select_on_rows
 
 REWARD_FIELD = "rm_scores"  # verl's token-level reward of each trajectory (the canonical one)
@@ -163,7 +163,7 @@ class LZEReplayBuffer(ReplayBuffer):
     def use_train_set(self, dataset) -> None:
         """The train set verl built (:class:`~.checkpoint.LZERLHFDataset` calls this when it
         loads): its size is ``num_prompts`` (taken when not given, else checked), its row table
-        checks each step's rows."""
+        holds each row's prompt key (the dataset checks every prompt it serves against it)."""
         size = len(dataset)
         if self.num_prompts is None:
             self.num_prompts = size
@@ -338,11 +338,8 @@ class LZEReplayBuffer(ReplayBuffer):
         groups = group_by_uid(np.array([key.split("_")[0] for key in keys], dtype=object), "cpu")
         raw, valid = _layout(scores, groups)
         rows = self._group_rows(row_values, groups)
-        group_keys = None
-        if self.rows is not None:  # one trajectory's prompt per group: they share it
-            group_keys = self._prompt_keys([keys[i] for i in groups.host_first],
-                                           batch.partition_id)
-            self.rows.check(rows, group_keys, f"index_field ({self.index_field!r})")
+        # The train set's LZERLHFDataset checked each prompt against its row when it served it.
+        group_keys = None if self.rows is None else self.rows.prompt_key[rows]
         observed = None
         if self.forward is not None:  # every group verl generated, kept or not
             observed = (torch.as_tensor(rows), unit_scores(raw, valid, self.score_fn), valid)
@@ -382,18 +379,6 @@ class LZEReplayBuffer(ReplayBuffer):
         scores = torch.stack([rewards[i].sum() for i in order]).float()
         return ([batch.keys[i] for i in order], [batch.tags[i] for i in order], scores,
                 rows[order])
-
-    @staticmethod
-    def _prompt_keys(keys: list, partition_id: str) -> np.ndarray:
-        """The prompt keys of the trajectories ``keys`` (the ``raw_prompt`` the agent loop
-        stores with each, from the dataset item)."""
-        data = tq.kv_batch_get(keys=keys, partition_id=partition_id, select_fields=["raw_prompt"])
-        prompts = data["raw_prompt"]
-        if prompts is None:
-            raise ValueError("raw_prompt: the trajectories carry no prompts (the agent loop "
-                             "stores each dataset item's fields, raw_prompt among them, with its "
-                             "trajectories); LZE checks every step's rows by their prompts")
-        return prompt_keys(list(prompts))
 
     def _update_unit(self) -> int:
         """The fewest groups of ``rollout.n`` rows verl's v1 update takes without padding rows

@@ -25,7 +25,7 @@ import re
 
 import numpy as np
 
-from .rows import check_row_range
+from .rows import check_row_range, host_rows
 
 DATASET_FIX = ("data.custom_cls.path=pkg://lze_kernels.integrations.verl.checkpoint "
                "data.custom_cls.name=LZERLHFDataset (it keys each prompt by its row in the train "
@@ -134,6 +134,19 @@ class RowTable:
                 f"their row's): the rows LZE keys its state by are not this train set's "
                 f"positions, and two prompts would share one row's history. Fix: {DATASET_FIX}; "
                 f"a subclass must keep the index it sets and each prompt's text")
+
+    def check_items(self, items: list, field: str = "index") -> None:
+        """:meth:`check` of dataset items as a dataset class hands them to verl's dataloader
+        (dicts with the row in ``field`` and the prompt in ``raw_prompt``)."""
+        rows = host_rows(_field(items, field), field)
+        self.check(rows, prompt_keys(_field(items, "raw_prompt")), field)
+
+
+def _field(items: list, name: str) -> list:
+    if any(name not in item for item in items):
+        raise ValueError(f"{name}: the dataset's items carry no {name!r} (verl's RLHFDataset sets "
+                         f"it); LZE checks every step's rows by their prompts")
+    return [item[name] for item in items]
 
 
 def _int_or_none(value):
