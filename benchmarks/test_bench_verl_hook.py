@@ -18,19 +18,28 @@ rendered from it (docs/verl.md quotes both tables).
     ``token_level_rewards.sum(-1)`` and the masked broadcast, the fastest way measured
     (:func:`floor`).
 
-  Medians over rounds of fresh uids on the same tensors, the estimators in turn within each round
-  (verl's loop afterwards on its own, fewer rounds at large sizes), B x G from 128 x 8 to
-  4,096 x 16, T = 256 and 2,048. Goal: the adapter faster than ``grpo_vectorized`` and within
-  1.5x the floor + 0.5 ms in every case (``meets_goal``). The adapter's outputs are checked
+  Medians over rounds of fresh uids on the same tensors, the estimators in turn within each round,
+  each round starting one estimator later (:func:`rotated`; verl's loop afterwards on its own,
+  fewer rounds at large sizes), B x G from 128 x 8 to 4,096 x 16, T = 256 and 2,048. Goal: the
+  adapter faster than ``grpo_vectorized`` and within 1.5x the floor + 0.5 ms in every case
+  (``meets_goal``). The adapter's outputs are checked
   against both verl estimators on one batch of each case, and its selection against LZE's host
   loop (baselines.PythonLoopSelector, the public release's way).
 * **The legacy hook** (``test_verl_hook_against_verls_own_step``, verl_hook.{json,md}):
   ``LZERayPPOTrainer``'s ``_balance_batch`` plus ``compute_advantage`` on the kept rows against
   what verl runs at the same two points on the whole batch.
+* **The prompt keys** (``test_prompt_key_cost``, results/verl_prompt_keys.{json,md}): what
+  checking a step's rows by their prompts adds at B = 1,024 (``LZERLHFDataset``'s check of a
+  fetch; legacy also ``_get_gen_batch``'s of the bound prompts), against verl's own
+  ``_balance_batch`` + ``compute_advantage`` on that step's B x n responses.
 
 On a 2-core machine shared with other jobs, two OpenMP threads per op made small torch ops
 10-100x slower (barrier waits): measure with ``OMP_NUM_THREADS=1``; each case records the load
-average and torch's thread count.
+average and torch's thread count. Whoever runs right after another decides whether a [bs, T]
+output finds memory that call freed or faults in fresh pages (glibc trims the heap when a free
+leaves enough at its top: at B x G x T = 128 x 8 x 2,048 verl's grpo_vectorized, which frees a
+cast copy of the mask besides its output, made the next estimator fault in all 2,048 pages of its
+output and take 2-3x as long), so no estimator keeps a fixed place in the rounds.
 """
 
 from __future__ import annotations
@@ -52,6 +61,8 @@ from bench_common import merge_result, run_file
 from omegaconf import OmegaConf
 
 from lze_kernels import LZEConfig, LZESelector, ops
+from lze_kernels.integrations.verl.estimator import UidRows
+from lze_kernels.integrations.verl.row_table import RowTable, prompt_keys
 
 ESTIMATOR_RESULTS, ESTIMATOR_TABLE = "verl_estimators.json", "verl_estimators.md"  # run_file names
 VERL_CASES = ((128, 8), (512, 8), (1024, 16), (4096, 16))  # (prompts, responses per prompt)
@@ -69,6 +80,13 @@ def _seconds(fn, *args) -> float:
     start = time.perf_counter()
     fn(*args)
     return time.perf_counter() - start
+
+
+def rotated(names, round_: int) -> list:
+    """``names`` in the order round ``round_`` runs them: each round starts one later, so each
+    one follows each other equally often (module docstring)."""
+    shift = round_ % len(names)
+    return list(names[shift:]) + list(names[:shift])
 
 
 # ----------------------------------------------------------------------------- the estimator
@@ -217,7 +235,7 @@ def _interleaved_medians(timed: dict, names, batches: VerlBatches, rounds: int) 
     try:
         for round_ in range(rounds + 1):  # round 0 warms up
             token_rewards, mask, index, rows = batches()
-            for name in names:
+            for name in rotated(names, round_):
                 args = (token_rewards, mask, index) + ((rows,) if name in ("lze", "dapo") else ())
                 seconds = _seconds(timed[name], *args)
                 if round_:
@@ -307,13 +325,14 @@ class Batches:
             "rm_scores": torch.zeros(bs, length).scatter_(1, (lengths - 1)[:, None],
                                                           solved[:, None])}
         self.rows = np.random.default_rng(length).permutation(4 * num_prompts)[:num_prompts]
+        self.prompts = gsm8k_like(self.rows)
 
     def __call__(self, hook):
         """``(batch, rows_by_uid)``: the step's uids bound to dataset rows (``_get_gen_batch``)."""
         uids = np.array([str(uuid.uuid4()) for _ in range(self.num_prompts)], dtype=object)
         batch = self.DataProto.from_dict({k: v.clone() for k, v in self.tensors.items()},
                                          non_tensors={"uid": np.repeat(uids, self.group)})
-        hook._rows_by_uid = dict(zip(uids.tolist(), self.rows.tolist()))
+        hook._binding = UidRows(uids, self.rows, self.prompts)
         return batch
 
 
@@ -347,7 +366,8 @@ def test_verl_hook_against_verls_own_step(num_prompts, group, length):
     gc.disable()
     try:
         for round_ in range(HOOK_ROUNDS + 1):  # round 0 warms up
-            for name, run in timed.items():
+            for name in rotated(list(timed), round_):
+                run = timed[name]
                 batch = batches(hook)
                 start = time.perf_counter()
                 rows[name] = run(batch)
@@ -379,4 +399,98 @@ def _write_hook_table() -> None:
                      f"ms | {r['rows']['verl']} -> {r['rows']['hook']} | "
                      f"{r['hook_s'] / r['verl_s']:.2f} (load {r['load_average'][0]:.1f}) |")
     with open(run_file(HOOK_TABLE), "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def gsm8k_like(rows) -> np.ndarray:
+    """Chat prompts of GSM8K's length (verl's preprocessing: the question and its instruction,
+    about 250 characters), one per dataset row, distinct; a numpy object array as verl's
+    ``collate_fn`` holds ``raw_prompt``."""
+    prompts = np.empty(len(rows), dtype=object)
+    prompts[:] = [[{"role": "user", "content":
+                    f"Natalia sold clips to {row} of her friends in April, and then she sold half "
+                    "as many clips to her friends in May. How many clips did Natalia sell "
+                    "altogether in April and May? Let's think step by step and output the final "
+                    "answer after \"####\"."}] for row in rows]
+    return prompts
+
+
+# ----------------------------------------------------------------------------- the prompt keys
+# What checking a step's rows by their prompts costs at B = 1,024 prompts of n = 8 responses,
+# against verl's own _balance_batch + compute_advantage (grpo) on that step's B x n responses (a
+# small part of verl's step, which also generates, scores and trains on them: the share of the
+# step is smaller still). v1: LZERLHFDataset's check of the items of the step's fetch (hash each
+# prompt, compare with its row's key); legacy with LZERLHFDataset: that, and _get_gen_batch's
+# check of the bound prompts.
+
+KEY_RESULTS = os.path.join(os.path.dirname(__file__), "results", "verl_prompt_keys.json")
+KEY_TABLE = os.path.join(os.path.dirname(__file__), "results", "verl_prompt_keys.md")
+KEY_CASE = (1024, 8, 256)  # (prompts, rollouts, length)
+KEY_ROUNDS = 15
+
+
+def test_prompt_key_cost():
+    pytest.importorskip("verl", reason="verl runs in .venv-verl (make test-verl)")
+    from verl.trainer.config import AlgoConfig
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer, compute_advantage
+
+    num_prompts, group, length = KEY_CASE
+    rows = np.random.default_rng(0).permutation(4 * num_prompts)[:num_prompts]
+    table = RowTable(prompt_keys(gsm8k_like(range(4 * num_prompts))), np.arange(4 * num_prompts))
+    prompts = gsm8k_like(rows)
+    items = [{"index": int(row), "raw_prompt": prompt} for row, prompt in zip(rows, prompts)]
+    plain, batches = trainer(RayPPOTrainer, num_prompts, group), Batches(num_prompts, group, length)
+    algo = AlgoConfig(norm_adv_by_std_in_grpo=True)
+
+    def verl_step():
+        batch = batches(plain)
+        start = time.perf_counter()
+        plain._balance_batch(batch, metrics={})
+        batch.batch["token_level_rewards"] = batch.batch["rm_scores"]
+        compute_advantage(batch, adv_estimator="grpo", config=algo)
+        return time.perf_counter() - start
+
+    def fetched_and_bound():
+        table.check_items(items)
+        table.check(rows, prompt_keys(prompts))
+
+    timed = {"v1": lambda: _seconds(table.check_items, items),
+             "legacy": lambda: _seconds(fetched_and_bound), "verl": verl_step}
+    times = {name: [] for name in timed}
+    gc.collect()
+    gc.disable()
+    try:
+        for round_ in range(KEY_ROUNDS + 1):  # round 0 warms up
+            for name in rotated(list(timed), round_):
+                seconds = timed[name]()
+                if round_:
+                    times[name].append(seconds)
+    finally:
+        gc.enable()
+    medians = {f"{name}_s": statistics.median(values) for name, values in times.items()}
+    shares = {name: medians[f"{name}_s"] / medians["verl_s"] for name in ("v1", "legacy")}
+    result = {**medians, **{f"{name}_share": share for name, share in shares.items()},
+              "meets_goal": {name: share < 0.01 for name, share in shares.items()},
+              "rounds": KEY_ROUNDS, "torch_threads": torch.get_num_threads(),
+              "load_average": os.getloadavg()}
+    key = f"verl prompt keys B{num_prompts} G{group} T{length}"
+    merge_result(KEY_RESULTS, key, result)
+    print(key, json.dumps(result))
+    _write_key_table()
+
+
+def _write_key_table() -> None:
+    """results/verl_prompt_keys.md from results/verl_prompt_keys.json."""
+    with open(KEY_RESULTS) as f:
+        table = json.load(f)
+    lines = ["| B x n | T | trainer: where the prompts are checked | the check | verl's "
+             "_balance_batch + compute_advantage (grpo) | share |", "|---|---|---|---|---|---|"]
+    for key, r in sorted(table.items()):
+        b, g, t = (p[1:] for p in key.split()[3:])
+        for name, what in (("v1", "v1: LZERLHFDataset's fetch"),
+                           ("legacy", "legacy with LZERLHFDataset: its fetch and _get_gen_batch")):
+            lines.append(f"| {b} x {g} | {t} | {what} | {1e3 * r[f'{name}_s']:.3g} ms | "
+                         f"{1e3 * r['verl_s']:.3g} ms | {100 * r[f'{name}_share']:.2g} % "
+                         f"(load {r['load_average'][0]:.1f}) |")
+    with open(KEY_TABLE, "w") as f:
         f.write("\n".join(lines) + "\n")

@@ -336,6 +336,16 @@ def test_bad_inputs_raise_naming_the_argument():
         adapter(rewards, mask, index, prompt_index=np.where(index == index[0], 0.7, rows))
     with pytest.raises(ValueError, match="prompt_index: expected integer dataset rows"):
         adapter(rewards, mask, index, prompt_index=np.array(["a"] * len(rows), dtype=object))
+    prompts = [f"prompt {r}" for r in rows]
+    with pytest.raises(ValueError, match=r"prompts: expected 16 prompts \(one per response\)"):
+        adapter(rewards, mask, index, prompt_index=rows, prompts=prompts[:-1])
+    with pytest.raises(ValueError, match="prompts: responses of one uid carry different prompts"):
+        adapter(rewards, mask, index, prompt_index=rows,
+                prompts=prompts[:-1] + ["another prompt"])
+    with pytest.raises(ValueError, match="raw_prompt: expected chat messages"):
+        adapter(rewards, mask, index, prompt_index=rows, prompts=[[1, 2]] * len(rows))
+    with pytest.raises(ValueError, match="prompts: given without prompt_index"):
+        adapter.select(rewards, mask, index, prompt_keys=np.zeros(len(rows), np.int64))
     assert int(adapter.selector.state.istate[:, SEEN].sum()) == 0  # no step ran
 
 
@@ -348,7 +358,7 @@ def test_a_rejected_call_leaves_state_and_binding_unchanged():
         estimator(rewards, mask, index, prompt_index=rows)  # some history
     before = adapter.state_dict()["selector"]
     rewards, mask, index, rows = verl_batch(6, 4, seed=4)
-    adapter.bind_uids(index, rows)
+    adapter.bind_uids(index, rows, [f"prompt {r}" for r in rows])
     broken = rewards.clone()
     broken[0, 0] = 3.0
     with pytest.raises(ValueError, match="rewards"):

@@ -18,7 +18,7 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 
 from lze_kernels.integrations.verl import checkpoint  # noqa: E402
 from lze_kernels.integrations.verl.replay_buffer import LZEReplayBuffer  # noqa: E402
-from lze_kernels.integrations.verl.rows import RowTable  # noqa: E402
+from lze_kernels.integrations.verl.row_table import RowTable  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "verl" / "run_lze_grpo.sh"
@@ -54,7 +54,7 @@ class TrainSet:
     """A train set of ``size`` rows whose extra_info.index are their rows, as the buffer sees it."""
 
     def __init__(self, size):
-        self.rows = RowTable(np.arange(size))
+        self.rows = RowTable(np.arange(size), np.arange(size))  # keys: any distinct values
 
     def __len__(self):
         return len(self.rows)

@@ -11,6 +11,7 @@ and loads nothing. (``fit`` itself, with every stage's row count, is tests/test_
 """
 
 import copy
+import itertools
 import os
 import types
 from collections import Counter
@@ -96,7 +97,7 @@ def trainer_without_workers(dp_size=2, dataloader=None, **config):
     trainer._get_dp_size = lambda worker_group, role: dp_size
     trainer.actor_rollout_wg = NoWorkers()
     trainer.use_critic = trainer.use_rm = False
-    trainer._rows_by_uid = {}
+    trainer._binding = None
     trainer._validating = False
     trainer.rows = None  # no train set: the rows are not checked against one
     trainer.global_steps = 0
@@ -112,16 +113,29 @@ def outcome_rewards(pass_counts, lengths):
 ROW_OF_UID = {}  # every uid fit_batch made -> its dataset row (the trainer uses its binding up)
 
 
-def fit_batch(trainer, pass_counts, rows, seed=0, scored=True):
+def prompt_of(row):
+    """The prompt at ``row`` of the train set these tests stand in for."""
+    return [{"role": "user", "content": f"prompt {row}"}]
+
+
+def object_array(values):
+    """A numpy object array of ``values`` (lists kept whole), as verl's collate_fn makes."""
+    values = list(values)
+    array = np.empty(len(values), dtype=object)
+    array[:] = values
+    return array
+
+
+def fit_batch(trainer, pass_counts, rows, seed=0, scored=True, prompts=None):
     """A step's batch the way legacy ``fit`` holds it at ``_balance_batch``: fresh uuid4 uids
     (``_get_gen_batch`` has run on the prompts and moved the dataset rows out), repeated per
     rollout (``repeat(interleave=True)``), right-padded responses, the agent loop's rewards in
-    ``rm_scores``."""
+    ``rm_scores``. ``prompts``: each group's prompt (default: the prompt at its row)."""
+    prompts = [prompt_of(r) for r in rows] if prompts is None else prompts
     prompts = DataProto.from_dict(
         {"input_ids": torch.zeros(len(rows), 3, dtype=torch.long)},
         non_tensors={"uid": np.array([str(uuid.uuid4()) for _ in rows], dtype=object),
-                     "index": np.array(rows, dtype=object),
-                     "raw_prompt": np.array([f"prompt {r}" for r in rows], dtype=object)})
+                     "index": np.array(rows, dtype=object), "raw_prompt": object_array(prompts)})
     trainer._get_gen_batch(prompts)
     ROW_OF_UID.update(zip(prompts.non_tensor_batch["uid"], rows))
     batch = prompts.repeat(GROUP, interleave=True)
@@ -299,15 +313,20 @@ def test_compute_advantage_refuses_a_group_the_selection_dropped(registered):
         advantages(full, trainer.config.algorithm.adv_estimator)
 
 
-def test_a_dataset_without_row_indices_is_refused_at_the_first_step_with_the_fix(registered):
-    """verl fills a missing extra_info.index with 0, so every group carries row 0: the first
-    step refuses it, saying how to write extra_info.index, with the selector's state and the
-    batch unchanged; a batch with no index field at all likewise, when the step binds it."""
+def test_a_dataset_without_row_indices_is_refused_at_every_step_with_the_fix(registered):
+    """verl fills a missing extra_info.index with 0, so every group carries row 0 with its own
+    prompt: refused at any step (here after a step of right rows), saying how to write
+    extra_info.index, with the selector's state and the batch unchanged; a batch with no index
+    field at all likewise, when the step binds it."""
     lze = LZEAdvantage(12, CONFIG)
     trainer = trainer_without_workers(estimator=registered(lze))
+    trainer._balance_batch(fit_batch(trainer, [0, 1, 2, 4, 3, 2, 1, 3], [5, 0, 9, 2, 7, 3, 11, 6]),
+                           metrics={})
     before = copy.deepcopy(lze.state_dict())
-    batch = fit_batch(trainer, [0, 1, 2, 4, 3, 2, 1, 3], [0] * 8)
-    with pytest.raises(ValueError, match=r"extra_info\.index.*with_indices=True"):
+    batch = fit_batch(trainer, [0, 1, 2, 4, 3, 2, 1, 3], [0] * 8,
+                      prompts=[prompt_of(r) for r in range(8)])
+    with pytest.raises(ValueError, match=r"different prompts carry dataset row 0.*"
+                                         r"extra_info\.index.*with_indices=True"):
         trainer._balance_batch(batch, metrics={})
     assert same(lze.state_dict(), before) and len(batch) == 8 * GROUP
     unindexed = DataProto.from_dict({"input_ids": torch.zeros(2, 3, dtype=torch.long)},
@@ -395,10 +414,48 @@ def test_selection_off_equals_verls_grpo_after_balance_batch(registered):
     for method in ("lze", "dapo"):
         lze = LZEAdvantage(10, CONFIG, method=method)
         name = registered(lze)
-        lze.bind_uids(batch.non_tensor_batch["uid"],
-                      [ROW_OF_UID[u] for u in batch.non_tensor_batch["uid"]])
+        rows = [ROW_OF_UID[u] for u in batch.non_tensor_batch["uid"]]
+        lze.bind_uids(batch.non_tensor_batch["uid"], rows,
+                      object_array(prompt_of(r) for r in rows))
         torch.testing.assert_close(advantages(batch, name), advantages(batch, "grpo"),
                                    rtol=0, atol=1e-6)
+
+
+def estimator_step(name, rows, prompts, pass_counts):
+    """One step of a user's own loop around the estimator alone: bind_uids on the prompts' batch
+    (uid, index, raw_prompt), the rollout, verl's compute_advantage."""
+    estimator = core_algos.get_adv_estimator_fn(name)
+    uids = np.array([str(uuid.uuid4()) for _ in rows], dtype=object)
+    estimator.bind_uids(uids, np.array(rows, dtype=object), object_array(prompts))
+    lengths = torch.full((len(rows) * GROUP,), LENGTH)
+    batch = DataProto.from_dict({"response_mask": torch.ones(len(lengths), LENGTH,
+                                                             dtype=torch.long),
+                                 "rm_scores": outcome_rewards(pass_counts, lengths)},
+                                non_tensors={"uid": np.repeat(uids, GROUP)})
+    return advantages(batch, name)
+
+
+def test_the_estimator_alone_refuses_rows_that_cannot_be_right_at_every_step(registered):
+    """bind_uids then verl's compute_advantage: after a step of right rows, a batch whose groups
+    all carry row 0 with their own prompts (a dataset without extra_info.index), one whose two
+    prompts share a row, and one with a row outside [0, N) are each refused, the selector's
+    state unchanged; one prompt drawn for every group is one observation of its row."""
+    lze = LZEAdvantage(12, CONFIG)
+    name = registered(lze)
+    counts = [0, 1, 3, 2]
+    estimator_step(name, [5, 0, 9, 2], [prompt_of(r) for r in (5, 0, 9, 2)], counts)
+    before = copy.deepcopy(lze.state_dict())
+    for rows, prompts, says in (
+            ([0, 0, 0, 0], [5, 0, 9, 2], r"different prompts carry dataset row 0.*extra_info"),
+            ([5, 0, 5, 2], [5, 0, 9, 2], "different prompts carry dataset row 5"),
+            ([5, 0, 12, 2], [5, 0, 9, 2], r"expected dataset rows in \[0, 12\)")):
+        with pytest.raises(ValueError, match=says):
+            estimator_step(name, rows, [prompt_of(r) for r in prompts], counts)
+        assert same(lze.state_dict(), before)
+    estimator_step(name, [3] * 4, [prompt_of(3)] * 4, counts)
+    assert int(lze.selector.state.step_counter[0]) == 2
+    assert lze.selector.state.istate[:12, SEEN].tolist() == [int(r in (0, 2, 3, 5, 9))
+                                                           for r in range(12)]
 
 
 # ----------------------------------------------------------------------------- forward sampler
@@ -726,29 +783,27 @@ def test_the_selector_steps_once_per_batch_whatever_raises_after_it(registered, 
     estimator = core_algos.get_adv_estimator_fn(trainer.config.algorithm.adv_estimator)
     with pytest.raises(ValueError, match="prompt_ids"):
         trainer._balance_batch(batch, metrics={})
-    assert int(estimator.selector.state.step_counter[0]) == 0 and trainer._rows_by_uid
+    assert int(estimator.selector.state.step_counter[0]) == 0 and trainer._binding is not None
 
 
-def test_rows_are_checked_against_the_train_sets_extra_info_index(registered):
-    """The trainer holds the train set's row table (each row's extra_info.index, read at load):
-    a step whose rows carry another extra_info.index than their row has is refused at that step
-    with the fix, before the selector steps."""
-    from lze_kernels.integrations.verl.rows import RowTable
+def test_rows_are_checked_by_their_prompts_before_the_rollout(registered):
+    """The trainer holds the train set's row table (each row's prompt key, read at load): a step
+    whose prompts arrive at rows that hold other prompts (rows 6-11 carrying the prompts of
+    rows 0-5) is refused when _get_gen_batch binds them, before the rollout, with the fix; the
+    selector and the previous step's state untouched."""
+    from lze_kernels.integrations.verl.row_table import RowTable, prompt_keys
 
     lze = LZEAdvantage(12, CONFIG)
     trainer = trainer_without_workers(estimator=registered(lze))
-    trainer.rows = RowTable(np.array(list(range(6)) * 2))  # two files restarting at 0
-    rows = [5, 0, 9, 2, 7, 3, 11, 6]
-    batch = fit_batch(trainer, [0, 1, 2, 4, 3, 2, 1, 3], rows)
-    batch.non_tensor_batch["extra_info"] = np.array(
-        [{"index": row % 6} for row in rows for _ in range(GROUP)], dtype=object)
-    trainer._balance_batch(batch, metrics={})  # rows 6-11 carry index 0-5: the table agrees
-    batch = fit_batch(trainer, [0, 1, 2, 4, 3, 2, 1, 3], rows, seed=1)
-    batch.non_tensor_batch["extra_info"] = np.array(
-        [{"index": row} for row in rows for _ in range(GROUP)], dtype=object)
-    with pytest.raises(ValueError, match=r"row 9 carries extra_info\.index 9.*custom_cls"):
-        trainer._balance_batch(batch, metrics={})
-    assert int(lze.selector.state.step_counter[0]) == 1
+    trainer.rows = RowTable(prompt_keys([prompt_of(r) for r in range(12)]),
+                            np.array(list(range(6)) * 2))  # two files restarting at 0
+    rows, counts = [5, 0, 9, 2, 7, 3, 11, 6], [0, 1, 2, 4, 3, 2, 1, 3]
+    trainer._balance_batch(fit_batch(trainer, counts, rows), metrics={})
+    after = copy.deepcopy(lze.state_dict())
+    with pytest.raises(ValueError, match=r"index: a prompt arrives as row 9, but row 9 of the "
+                                         r"train set holds another prompt.*custom_cls"):
+        fit_batch(trainer, counts, rows, prompts=[prompt_of(r % 6) for r in rows])
+    assert same(lze.state_dict(), after) and trainer._binding is None
 
 
 def test_validation_batches_are_not_bound(registered):
@@ -759,7 +814,7 @@ def test_validation_batches_are_not_bound(registered):
     unindexed = DataProto.from_dict({"input_ids": torch.zeros(2, 3, dtype=torch.long)},
                                     non_tensors={"uid": np.array(["a", "b"], dtype=object)})
     trainer._get_gen_batch(unindexed)
-    assert trainer._rows_by_uid == {}
+    assert trainer._binding is None
 
 
 # ----------------------------------------------------------------------------- the train set
@@ -808,3 +863,115 @@ def test_the_train_set_keys_prompts_by_row_checked_at_start_up(tmp_path, registe
     with pytest.raises(ValueError, match="train_sampler: its batch_size is 6"):
         check_train_set(rows, types.SimpleNamespace(sampler=sampler, batch_size=4),
                         LZEAdvantage(12, CONFIG))
+
+
+# ----------------------------------------------------------------------------- dataset classes
+# A user's data.custom_cls through verl's own classes: create_rl_dataset, LZERayPPOTrainer's real
+# __init__ (verl's RayPPOTrainer builds the train dataloader), and fit's steps up to the
+# log-prob passes on the batches that dataloader yields.
+
+USER_DATASETS = os.path.join(os.path.dirname(__file__), "verl_cpu", "user_datasets.py")
+
+
+def built_trainer(files, estimator_name, custom_cls=None):
+    """LZERayPPOTrainer as verl's task runner builds it (config composed from verl's
+    ppo_trainer.yaml, the train set from create_rl_dataset, taken in order), up to its Ray
+    boundary: no worker groups, two data-parallel ranks."""
+    import verl.trainer.main_ppo as main_ppo
+    from hydra import compose, initialize_config_dir
+    from verl.trainer.ppo.utils import Role, create_rl_dataset
+
+    data = "[" + ",".join(str(f) for f in files) + "]"
+    overrides = [f"data.train_files={data}", f"data.val_files={data}",
+                 "data.train_batch_size=4", "data.filter_overlong_prompts=False",
+                 "data.shuffle=False", "data.dataloader_num_workers=0",
+                 f"actor_rollout_ref.rollout.n={GROUP}",
+                 "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+                 f"algorithm.adv_estimator={estimator_name}", "trainer.use_v1=False"]
+    if custom_cls is not None:
+        overrides += [f"data.custom_cls.path={custom_cls[0]}",
+                      f"data.custom_cls.name={custom_cls[1]}"]
+    config_dir = os.path.join(os.path.dirname(main_ppo.__file__), "config")
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        config = compose(config_name="ppo_trainer", overrides=overrides)
+    dataset = create_rl_dataset(config.data.train_files, config.data, None, None)
+    trainer = LZERayPPOTrainer(config=config, tokenizer=None,
+                               role_worker_mapping={Role.ActorRollout: object},
+                               resource_pool_manager=None, train_dataset=dataset,
+                               val_dataset=dataset)
+    trainer._get_dp_size = lambda worker_group, role: 2
+    trainer.actor_rollout_wg = NoWorkers()
+    return trainer
+
+
+def fit_steps(trainer, batches, steps):
+    """``steps`` of legacy fit up to the log-prob passes on ``batches`` (an iterator over the
+    trainer's own train dataloader): uids, _get_gen_batch, the rollout (n responses, pass
+    counts by prompt), _balance_batch. Returns the prompts of each step (their numbers)."""
+    from verl_cpu import task
+
+    prompts = []
+    for batch_dict in itertools.islice(batches, steps):
+        batch = DataProto.from_single_dict(batch_dict)
+        batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))],
+                                                 dtype=object)
+        gen_batch = trainer._get_gen_batch(batch)
+        numbers = [task.row_of_text(p[0]["content"]) for p in gen_batch.non_tensor_batch[
+            "raw_prompt"]]
+        prompts.append(numbers)
+        batch = batch.repeat(GROUP, interleave=True)
+        lengths = torch.full((len(batch),), LENGTH)
+        mask = torch.ones(len(batch), LENGTH, dtype=torch.long)
+        batch = batch.union(DataProto.from_dict({
+            "response_mask": mask, "attention_mask": torch.cat([mask, mask], dim=1),
+            "rm_scores": outcome_rewards([1 + n % 3 for n in numbers], lengths)}))
+        trainer._balance_batch(batch, metrics={})
+    return prompts
+
+
+def two_files(tmp_path):
+    """Prompts 0-5 and 6-11 in two files whose extra_info.index both restart at 0."""
+    from verl_cpu import task
+
+    return [task.write_dataset(tmp_path / "a.parquet", 12, rows=list(range(6))),
+            task.write_dataset(tmp_path / "b.parquet", 12, rows=list(range(6, 12)),
+                               indices=list(range(6)))]
+
+
+def test_a_dataset_class_that_is_no_rlhf_dataset_is_refused_at_start_up(tmp_path, registered):
+    """A plain torch Dataset as data.custom_cls (verl accepts any): LZERayPPOTrainer's
+    construction refuses it, naming data.custom_cls and the fix, as v1's buffer does."""
+    name = registered(LZEAdvantage(12, CONFIG))
+    with pytest.raises(ValueError, match=r"data\.custom_cls: OwnDataset is not a verl "
+                                         r"RLHFDataset.*Fix: data\.custom_cls\.path="):
+        built_trainer(two_files(tmp_path), name, (USER_DATASETS, "OwnDataset"))
+
+
+def test_a_subclass_handing_extra_info_index_is_refused_before_its_rollout(tmp_path,
+                                                                          registered):
+    """An LZERLHFDataset subclass that hands verl extra_info.index as the row, over two files
+    restarting at 0: the first step (prompts 0-3, at their rows) selects; the second holds
+    prompts 6 and 7 of the second file as rows 0 and 1, which hold prompts 0 and 1, so
+    _get_gen_batch refuses it with the fix before its rollout, the selector as after step 1.
+    LZERLHFDataset itself and verl's RLHFDataset on one file select each prompt at its row."""
+    lze = LZEAdvantage(12, CONFIG)
+    trainer = built_trainer(two_files(tmp_path), registered(lze),
+                            (USER_DATASETS, "SourceIndexDataset"))
+    batches = iter(trainer.train_dataloader)
+    assert fit_steps(trainer, batches, 1) == [[0, 1, 2, 3]]
+    after = copy.deepcopy(lze.state_dict())
+    with pytest.raises(ValueError, match=r"index: a prompt arrives as row 0, but row 0 of the "
+                                         r"train set holds another prompt .*2 of 4.*custom_cls"):
+        fit_steps(trainer, batches, 1)
+    assert same(lze.state_dict(), after)
+
+    for files, custom_cls in ((two_files(tmp_path), (
+            "pkg://lze_kernels.integrations.verl.checkpoint", "LZERLHFDataset")),
+                              (two_files(tmp_path)[:1], None)):
+        lze = LZEAdvantage(6 * len(files), CONFIG)
+        trainer = built_trainer(files, registered(lze), custom_cls)
+        steps = len(files) * 6 // 4
+        assert sum(fit_steps(trainer, iter(trainer.train_dataloader), steps), []) == list(
+            range(4 * steps))
+        seen = torch.nonzero(lze.selector.state.istate[:6 * len(files), SEEN]).view(-1).tolist()
+        assert seen == list(range(4 * steps))

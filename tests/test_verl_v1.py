@@ -27,11 +27,14 @@ import transfer_queue as tq  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 from verl.utils.tensordict_utils import list_of_dict_to_tensordict  # noqa: E402
 
+from crafted_state import same  # noqa: E402
+
 from lze_kernels import LZEConfig, LZESelector  # noqa: E402
 from lze_kernels.config import num_keep  # noqa: E402
 from lze_kernels.integrations.verl import checkpoint  # noqa: E402
 from lze_kernels.integrations.verl.checkpoint import LZERLHFDataset  # noqa: E402
 from lze_kernels.integrations.verl.replay_buffer import LZEReplayBuffer  # noqa: E402
+from lze_kernels.integrations.verl.row_table import RowTable, prompt_keys  # noqa: E402
 from lze_kernels.integrations.verl.rows import select_on_rows  # noqa: E402
 from torchdata.stateful_dataloader import StatefulDataLoader  # noqa: E402
 from verl.trainer.ppo.utils import create_rl_sampler  # noqa: E402
@@ -86,6 +89,21 @@ class Rollouts:
     def refill(self, count):
         self.refills.append(count)
         return len(self.dispatch(count))
+
+
+def prompt_of(row):
+    return [{"role": "user", "content": f"prompt {row}"}]
+
+
+def stub_train_set(monkeypatch):
+    """LZERLHFDataset over NUM_PROMPTS rows, RLHFDataset's item stubbed to its row and prompt
+    (the tokenizer is the boundary), the row table of those prompts as its load reads it."""
+    monkeypatch.setattr(RLHFDataset, "__getitem__", lambda self, item: {
+        "index": item, "input_ids": torch.tensor([item]), "raw_prompt": prompt_of(item)})
+    dataset = object.__new__(LZERLHFDataset)
+    dataset.dataframe, dataset.is_train = list(range(NUM_PROMPTS)), True
+    dataset.rows = TrainSet(NUM_PROMPTS).rows
+    return dataset
 
 
 def buffer(rollouts, refill_fn=None, **options):
@@ -219,16 +237,23 @@ def test_topk_keeps_groups_of_unequal_size_whole_counted_by_rows(transfer_queue)
     clear_train_partition()
 
 
-def test_a_dataset_without_row_indices_is_refused_at_the_first_step(transfer_queue):
-    """Every trajectory carries index 0 (verl's fill for a missing extra_info.index): the first
-    selection refuses it with the fix, the selector untouched."""
-    rollouts = Rollouts(order=[0] * 4)
+def test_a_dataset_without_row_indices_is_refused_at_every_step(transfer_queue):
+    """Every trajectory carries index 0 (verl's fill for a missing extra_info.index): refused
+    with the fix at any step (here after a round of right rows), the selector untouched."""
+    rollouts = Rollouts(order=[5, 0, 9, 2] + [0] * 4)
     rb = buffer(rollouts, lze={"keep_ratio": 0.5})
-    rollouts.dispatch(4)
-    with pytest.raises(ValueError, match=r"extra_info\.index.*with_indices=True"):
+    try:
+        rollouts.dispatch(4)
         rb.sample(global_steps=1, partition_id="train", batch_size=4)
-    assert int(rb.selector.state.step_counter[0]) == 0
-    clear_train_partition()
+        clear_train_partition()
+        rollouts.dispatch(4)
+        before = rb.selector.state_dict()
+        with pytest.raises(ValueError, match=r"extra_info\.index.*with_indices=True"):
+            rb.sample(global_steps=2, partition_id="train", batch_size=4)
+        assert same(rb.selector.state_dict(), before)
+    finally:
+        clear_train_partition()
+        checkpoint.unregister("replay_buffer")
 
 
 def test_a_repeated_row_in_one_round_is_one_observation(transfer_queue):
@@ -358,10 +383,7 @@ def test_forward_dots_chooses_the_rows_verls_dataloader_fetches(transfer_queue, 
     one at the mean of the observed: the next batch starts with the prompts observed at 1/2 and
     holds none observed at 0 or 1. The tokenizer is the boundary: RLHFDataset's item is stubbed
     to its row."""
-    monkeypatch.setattr(RLHFDataset, "__getitem__",
-                        lambda self, item: {"index": item, "input_ids": torch.tensor([item])})
-    dataset = object.__new__(LZERLHFDataset)
-    dataset.dataframe, dataset.is_train = list(range(NUM_PROMPTS)), True
+    dataset = stub_train_set(monkeypatch)
     loader = StatefulDataLoader(dataset, batch_size=1, drop_last=True, collate_fn=collate_fn,
                                 sampler=create_rl_sampler(OmegaConf.create({"shuffle": False}),
                                                           dataset))
@@ -461,14 +483,13 @@ class V1Rollouts(Rollouts):
 BATCH = 4
 
 
-def v1_run(tmp_path, method, steps, save_at=None, start=0, record=None):
+def v1_run(monkeypatch, tmp_path, method, steps, save_at=None, start=0, record=None):
     """Fresh parts (a new process), then ``steps`` sync steps: prepare_step's fetch of K
     prompts, the buffer's sample (mode topk), verl's _save_checkpoint at ``save_at``; with
     ``start`` the run first resumes through verl's _load_checkpoint."""
     for name in ("replay_buffer", checkpoint.FORWARD):
         checkpoint.unregister(name)
-    dataset = object.__new__(LZERLHFDataset)
-    dataset.dataframe, dataset.is_train = list(range(NUM_PROMPTS)), True
+    dataset = stub_train_set(monkeypatch)
     loader = StatefulDataLoader(dataset, batch_size=1, drop_last=True, collate_fn=collate_fn,
                                 sampler=create_rl_sampler(
                                     OmegaConf.create({"shuffle": True, "seed": 1}), dataset))
@@ -504,10 +525,8 @@ def test_resume_continues_the_identical_selections(transfer_queue, tmp_path, mon
     """verl's v1 _save_checkpoint at ``save_at`` and a fresh process's _load_checkpoint (which
     restores data.pt at every step, an epoch boundary included): the resumed run draws and keeps
     exactly what the uninterrupted run does, for the estimator alone and every forward method."""
-    monkeypatch.setattr(RLHFDataset, "__getitem__", lambda self, item: {
-        "index": item, "input_ids": torch.tensor([item]), "raw_prompt": f"prompt {item}"})
-    record, state = v1_run(tmp_path, method, 8, save_at=save_at)
-    resumed, resumed_state = v1_run(tmp_path, method, 8, start=save_at)
+    record, state = v1_run(monkeypatch, tmp_path, method, 8, save_at=save_at)
+    resumed, resumed_state = v1_run(monkeypatch, tmp_path, method, 8, start=save_at)
     assert resumed == record[save_at:]
     for key in ("fstate", "istate", "step_counter"):  # the selector's whole history
         assert torch.equal(resumed_state[key], state[key])
@@ -593,6 +612,10 @@ def test_setups_the_selection_cannot_serve_are_refused_at_start_up():
                          "reward.reward_model.enable_resource_pool": True}))  # scored in time
     with pytest.raises(ValueError, match=r"data\.custom_cls.*LZERLHFDataset"):
         built(verl_config(**{"data.custom_cls.path": None}))
+    with pytest.raises(ValueError, match=r"data\.custom_cls: .*needs LZERLHFDataset.*got "
+                                         r"OwnDataset; set data\.custom_cls\.path="):
+        built(verl_config(**{"data.custom_cls.path": USER_DATASETS,
+                             "data.custom_cls.name": "OwnDataset"}))
     with pytest.raises(ValueError, match="dataloader_num_workers"):
         built(verl_config(**{"data.dataloader_num_workers": 2}))
     same_files = verl_config(**{"data.train_files": ["t.parquet"], "data.val_files": "t.parquet"})
@@ -626,12 +649,11 @@ def test_selection_that_cannot_act_warns_at_start_up(changes, sync_step, warned)
 
 
 class TrainSet:
-    """What LZERLHFDataset reports: its size and each row's extra_info.index."""
+    """What LZERLHFDataset reports: its size and each row's prompt and extra_info.index (its
+    row)."""
 
-    def __init__(self, source_index):
-        from lze_kernels.integrations.verl.rows import RowTable
-
-        self.rows = RowTable(np.array(source_index, dtype=np.int64))
+    def __init__(self, size):
+        self.rows = RowTable(prompt_keys([prompt_of(r) for r in range(size)]), np.arange(size))
 
     def __len__(self):
         return len(self.rows)
@@ -646,48 +668,72 @@ def test_num_prompts_comes_from_the_train_set_or_is_checked_against_it():
         state = LZESelector(6, LZEConfig(keep_ratio=0.5)).state_dict()
         state["step_counter"] += 3
         rb.load_state_dict({"selector": state})
-        rb.use_train_set(TrainSet(range(6)))
+        rb.use_train_set(TrainSet(6))
         assert rb.selector.num_prompts == 6 and int(rb.selector.state.step_counter[0]) == 3
         with pytest.raises(ValueError, match=r"num_prompts: 16 given.*7 rows"):
-            buffer(Rollouts([]), num_prompts=16).use_train_set(TrainSet(range(7)))
+            buffer(Rollouts([]), num_prompts=16).use_train_set(TrainSet(7))
     finally:
         checkpoint.unregister("replay_buffer")
 
 
-def put_groups(rows, pass_counts, extra_index=None, step=1):
-    """Finished groups as the agent loop stores them, with extra_info."""
+def put_groups(rows, pass_counts, prompts, step=1, extra_infos=None):
+    """Finished groups as the agent loop stores them: each trajectory with its dataset item's
+    fields (``rows``: their ``index``, ``prompts``: their ``raw_prompt``, ``extra_infos``:
+    their ``extra_info``)."""
     uids = [uuid.uuid4().hex for _ in rows]
     tq.kv_batch_put(keys=uids, partition_id="train", tags=[
         {"is_prompt": True, "status": "finished", "global_steps": step} for _ in rows])
     keys, fields = [], []
-    for i, (uid, row, count) in enumerate(zip(uids, rows, pass_counts)):
-        index = row if extra_index is None else extra_index[i]
+    for uid, row, count, prompt, extra in zip(uids, rows, pass_counts, prompts, extra_infos):
         for session in range(GROUP):
             reward = torch.zeros(3)
             reward[-1] = float(session < count)
             keys.append(f"{uid}_{session}_0")
-            fields.append({"rm_scores": reward, "index": row,
-                           "extra_info": {"index": index, "split": "train"}})
+            fields.append({"rm_scores": reward, "index": int(row), "raw_prompt": prompt,
+                           "extra_info": extra})
     tq.kv_batch_put(keys=keys, partition_id="train", fields=list_of_dict_to_tensordict(fields),
                     tags=[{"status": "success", "global_steps": step}] * len(keys))
 
 
-def test_rows_are_checked_against_extra_info_index_every_step(transfer_queue):
-    """Two files whose indices both restart at 0: the train set's rows 0-3 carry
-    extra_info.index 0, 1, 0, 1. Trajectories whose rows agree with that are selected; a
-    trajectory whose row is not its prompt's position (row 1 with the extra_info.index of
-    row 2) is refused naming the fix, the selector untouched."""
-    rb = buffer(Rollouts([]), lze={"keep_ratio": 0.5, "noise_scale": 0.0})
+USER_DATASETS = os.path.join(os.path.dirname(__file__), "verl_cpu", "user_datasets.py")
+
+
+def test_a_subclass_handing_extra_info_index_is_refused_at_its_fetch(transfer_queue, tmp_path):
+    """An LZERLHFDataset subclass that hands verl extra_info.index as the row (data.custom_cls,
+    built by verl's create_rl_dataset, which reports it to the buffer), over two files whose
+    indices restart at 0, its items fetched by verl's dataloader in order: the first batch
+    (prompts 0-3, at their rows) is rolled out (stored as the agent loop stores it) and
+    selected; the second holds prompts 6 and 7 of the second file as rows 0 and 1, which hold
+    prompts 0 and 1: its fetch is refused naming the fix, before any rollout, the selector as
+    after the first step. A row drawn in two groups of one round is one prompt's (the dataset
+    checked it): selected as one observation."""
+    from verl.trainer.ppo.utils import create_rl_dataset
+    from verl_cpu import task
+
+    files = [str(task.write_dataset(tmp_path / "a.parquet", 12, rows=list(range(6)))),
+             str(task.write_dataset(tmp_path / "b.parquet", 12, rows=list(range(6, 12)),
+                                    indices=list(range(6))))]
+    rb = buffer(Rollouts([]), num_prompts=None, lze={"keep_ratio": 0.5, "noise_scale": 0.0})
     try:
-        rb.use_train_set(TrainSet([0, 1, 0, 1] + list(range(2, NUM_PROMPTS - 2))))
-        put_groups([0, 1, 2, 3], [1, 2, 3, 1], extra_index=[0, 1, 0, 1])
-        batch, _ = rb.sample(global_steps=1, partition_id="train", batch_size=4)
-        assert int(rb.selector.state.step_counter[0]) == 1
+        config = OmegaConf.create({"train_files": files, "filter_overlong_prompts": False,
+                                   "custom_cls": {"path": USER_DATASETS,
+                                                  "name": "SourceIndexDataset"}})
+        dataset = create_rl_dataset(config.train_files, config, None, None)
+        assert rb.selector.num_prompts == 12
+        items = iter(StatefulDataLoader(dataset, batch_size=4, collate_fn=collate_fn))
+        first = next(items)
+        put_groups(first["index"], [1, 2, 3, 1], first["raw_prompt"], 1, first["extra_info"])
+        rb.sample(global_steps=1, partition_id="train", batch_size=4)
+        after = rb.selector.state_dict()
+        with pytest.raises(ValueError, match=r"index: a prompt arrives as row 0, but row 0 of "
+                                             r"the train set holds another prompt.*custom_cls"):
+            next(items)
+        assert same(rb.selector.state_dict(), after)
         clear_train_partition()
-        put_groups([0, 1, 2, 3], [1, 2, 3, 1], extra_index=[0, 0, 0, 1], step=2)
-        with pytest.raises(ValueError, match=r"row 1 carries extra_info\.index 0.*custom_cls"):
-            rb.sample(global_steps=2, partition_id="train", batch_size=4)
-        assert int(rb.selector.state.step_counter[0]) == 1
+        put_groups([1, 2, 1, 3], [1, 2, 3, 1], [first["raw_prompt"][i] for i in (1, 2, 1, 3)], 2,
+                   [first["extra_info"][i] for i in (1, 2, 1, 3)])
+        rb.sample(global_steps=2, partition_id="train", batch_size=4)
+        assert int(rb.selector.state.step_counter[0]) == 2
     finally:
         clear_train_partition()
         checkpoint.unregister("replay_buffer")

@@ -3,8 +3,8 @@ checkpoint (``global_step_N/data.pt``).
 
 :class:`LZERLHFDataset` (``data.custom_cls``, both trainers) is verl's ``RLHFDataset`` whose items
 carry their row in the train set (after the files are joined and filtered) as ``index``, with
-each row's ``extra_info.index`` read at load (:class:`~.rows.RowTable`) for the selection to check
-every step's rows against.
+each row's prompt key and ``extra_info.index`` read at load (:class:`~.row_table.RowTable`) for
+the selection to check every step's rows against.
 
 Both verl trainers save ``train_dataloader.state_dict()`` to ``data.pt``; v1's loader restores it
 at every step (the legacy loader skips it at an epoch boundary, so
@@ -28,7 +28,7 @@ from typing import Protocol
 
 import torch
 
-from .rows import RowTable
+from .row_table import RowTable
 
 FORWARD = "forward_sampler"  # the name a v1 forward sampler is registered under
 REPLAY_BUFFER = "replay_buffer"  # the name the v1 replay buffer is registered under
@@ -96,11 +96,12 @@ class LZERLHFDataset(_dataset_base()):
     Each item's ``index`` (what verl hands the selection as the prompt's row) is its position in
     the train set after the files are joined and ``data.filter_overlong_prompts`` has dropped rows,
     the position verl's samplers yield; ``extra_info`` is untouched. :attr:`rows` holds each
-    position's ``extra_info.index`` (:class:`~.rows.RowTable`), which the selection checks every
-    step's rows against; where the two numberings differ (several files whose indices restart at
-    0, filtered rows) the load says so once. A train set's size reaches a replay buffer registered
-    in this process (:meth:`~.replay_buffer.LZEReplayBuffer.use_train_set`), which checks or takes
-    it as ``num_prompts``.
+    position's prompt key and ``extra_info.index`` (:class:`~.row_table.RowTable`): the selection
+    checks every step's rows by the prompts they carry; where the two numberings differ (several
+    files whose indices restart at 0, filtered rows) the load says so once. A train set's size
+    reaches a replay buffer registered in this process
+    (:meth:`~.replay_buffer.LZEReplayBuffer.use_train_set`), which checks or takes it as
+    ``num_prompts``.
 
     In v1 it is also where forward selection acts: verl builds the train dataloader's sampler
     itself (``create_rl_sampler``: random or sequential, no hook), so when a forward sampler is
@@ -116,7 +117,7 @@ class LZERLHFDataset(_dataset_base()):
         if self.is_train and not self.rows.positions_are_indices():
             logger.warning("LZERLHFDataset: LZE keys each prompt by its row in the train set, "
                            "and extra_info.index differs from it (%s); every step's rows are "
-                           "checked against extra_info.index", self.rows.describe())
+                           "checked by their prompts", self.rows.describe())
         buffer = part(REPLAY_BUFFER) if self.is_train else None
         if buffer is not None:
             buffer.use_train_set(self)
@@ -132,6 +133,16 @@ class LZERLHFDataset(_dataset_base()):
         row_dict["index"] = row
         return row_dict
 
+    def __getitems__(self, items: list) -> list:
+        """The items of one dataloader fetch (torch's fetcher asks for a batch's items together),
+        each as this class, or a subclass, hands it over, checked against the train set's prompt
+        at the row it names (the field the registered replay buffer reads, else ``index``): a
+        prompt at another prompt's row is refused at its fetch, before its rollout."""
+        batch = [self[item] for item in items]
+        if getattr(self, "is_train", False):
+            self.rows.check_items(batch, getattr(part(REPLAY_BUFFER), "index_field", "index"))
+        return batch
+
     def state_dict(self) -> dict:
         return {"lze_selection": state_dict()}
 
@@ -140,8 +151,9 @@ class LZERLHFDataset(_dataset_base()):
 
 
 def row_table(dataset) -> RowTable:
-    """The :class:`~.rows.RowTable` of a train set: :attr:`LZERLHFDataset.rows`, or read from
-    any verl ``RLHFDataset``."""
+    """The :class:`~.row_table.RowTable` of a train set: :attr:`LZERLHFDataset.rows`, or read
+    from any verl ``RLHFDataset`` (another dataset class: ``ValueError`` naming
+    ``data.custom_cls``)."""
     rows = getattr(dataset, "rows", None)
     return rows if isinstance(rows, RowTable) else RowTable.of(dataset)
 

@@ -18,9 +18,12 @@ makes a fresh ``uid`` per prompt per step (``uuid4`` in ``fit``), so uids
 group responses but cannot key LZE's per-prompt state: the stable id is the dataset row,
 ``non_tensor_batch["index"]`` (from ``extra_info["index"]`` in verl's RLHF dataset). Pass it as
 ``prompt_index``, :meth:`LZEAdvantage.bind` it before verl calls the estimator, or let
-:meth:`LZEAdvantage.bind_uids` map each step's uids to their rows (verl's registry call forwards
-only the uids; :class:`~lze_kernels.integrations.verl.legacy.LZERayPPOTrainer` binds them where
-``fit`` makes them).
+:meth:`LZEAdvantage.bind_uids` map each step's uids to their rows and prompts (verl's registry
+call forwards only the uids; :class:`~lze_kernels.integrations.verl.legacy.LZERayPPOTrainer`
+binds them where ``fit`` makes them). Every LZE step refuses rows that cannot be right, before
+the selector steps (:func:`~.rows.check_repeated_rows`): rows outside ``[0, num_prompts)``,
+groups of one row with different prompts (their prompts given: ``bind_uids`` always has them),
+and, where the prompts are not given, every group at one row.
 
 In verl's legacy trainer, :class:`~lze_kernels.integrations.verl.legacy.LZERayPPOTrainer` runs
 the selection (:meth:`LZEAdvantage.select`) where the rewards are first known, cuts the batch to
@@ -52,6 +55,7 @@ from ... import ops
 from ...config import LZEConfig
 from ...selector import LZESelector
 from ..selection import GroupSelection, ScoreFn, check_method
+from .row_table import prompt_keys
 from .rows import RowSelection, check_row_range, host_rows, select_on_rows
 
 
@@ -131,15 +135,34 @@ def _counting_placement(row: np.ndarray, counts: np.ndarray):
     return slot, order[starts]
 
 
-def rows_by_uid(uids, prompt_index) -> dict:
-    """uid -> dataset row for one step (verl's ``non_tensor_batch`` ``"uid"`` and ``"index"``,
-    one per prompt or per response)."""
-    rows = host_rows(prompt_index)
-    uids = _host_keys(uids)
-    if uids.shape != rows.shape:
-        raise ValueError(f"prompt_index: expected one dataset row per uid ({uids.shape[0]}), "
-                         f"got shape {rows.shape}")
-    return dict(zip(uids.tolist(), rows.tolist()))
+class UidRows:
+    """One step's uid -> dataset row and prompt key (verl's ``non_tensor_batch`` ``"uid"``,
+    ``"index"`` and ``"raw_prompt"``, one per prompt or per response; each uid's prompt is hashed
+    once)."""
+
+    def __init__(self, uids, prompt_index, prompts=None):
+        rows = host_rows(prompt_index)
+        uids = _host_keys(uids)
+        if uids.shape != rows.shape:
+            raise ValueError(f"prompt_index: expected one dataset row per uid ({uids.shape[0]}), "
+                             f"got shape {rows.shape}")
+        if prompts is not None and len(prompts) != uids.shape[0]:
+            raise ValueError(f"prompts: expected one prompt per uid ({uids.shape[0]}), got "
+                             f"{len(prompts)}")
+        last = dict(zip(uids.tolist(), range(uids.shape[0])))  # each uid's last position
+        at = list(last.values())
+        self._number = dict(zip(last, range(len(at))))
+        self.rows = rows[at]
+        self.keys = None if prompts is None else prompt_keys([prompts[i] for i in at])
+
+    def missing(self, uids: list) -> list:
+        """The uids not bound."""
+        return [uid for uid in uids if uid not in self._number]
+
+    def lookup(self, uids: list) -> tuple[np.ndarray, Optional[np.ndarray]]:
+        """``(rows, keys)`` [n] of bound ``uids`` (keys None: no prompts were bound)."""
+        numbers = np.fromiter(map(self._number.__getitem__, uids), np.int64, len(uids))
+        return self.rows[numbers], None if self.keys is None else self.keys[numbers]
 
 
 @dataclass
@@ -159,14 +182,24 @@ class Selected:
 
 
 @dataclass
-class VerlStep:
-    """One estimator call: verl's outputs plus the selection."""
+class StepSelection:
+    """What one estimator call selected (``LZEAdvantage.last``; it holds no [bs, T] tensor from
+    one step to the next)."""
 
-    advantages: torch.Tensor  # [bs, T]
-    returns: torch.Tensor  # [bs, T] (= advantages, as in verl's GRPO)
     keep_mask: torch.Tensor  # [bs] bool: the response's group is kept
     groups: UidGroups
     selection: GroupSelection  # per distinct dataset row: keep, num_kept, selector output
+
+
+@dataclass
+class VerlStep(StepSelection):
+    """One estimator call: the selection plus verl's outputs."""
+
+    advantages: torch.Tensor  # [bs, T]
+    returns: torch.Tensor  # [bs, T] (= advantages, as in verl's GRPO)
+
+    def selected(self) -> StepSelection:
+        return StepSelection(self.keep_mask, self.groups, self.selection)
 
 
 class LZEAdvantage:
@@ -196,21 +229,25 @@ class LZEAdvantage:
         self.selector: Optional[LZESelector] = None
         if self.method == "lze":
             self.selector = LZESelector(num_prompts, config, self.device, backend)
-        self.last: Optional[VerlStep] = None
-        self._bound: Optional[np.ndarray] = None
-        self._rows_by_uid: dict = {}
+        self.last: Optional[StepSelection] = None
+        self._bound: Optional[tuple[np.ndarray, Optional[np.ndarray]]] = None
+        self._by_uid: Optional[UidRows] = None
         self._preselected: Optional[tuple[set, GroupSelection]] = None
 
-    def bind(self, prompt_index) -> None:
-        """Dataset row of each response (e.g. ``batch.non_tensor_batch["index"]``), used by the
-        next call that gets no ``prompt_index``."""
-        self._bound = host_rows(prompt_index)
+    def bind(self, prompt_index, prompts=None) -> None:
+        """Dataset row of each response (e.g. ``batch.non_tensor_batch["index"]``) and, to have
+        the rows checked by them, its prompt (``"raw_prompt"``), used by the next call that gets
+        no ``prompt_index``."""
+        rows = host_rows(prompt_index)
+        self._bound = (rows, _keys_of(prompts, rows.shape[0]))
 
-    def bind_uids(self, uids, prompt_index) -> None:
-        """Remember the dataset row of each of this step's uids (verl's ``non_tensor_batch``
-        ``"uid"`` and ``"index"``, one per prompt or per response); the next call that gets no
-        ``prompt_index`` looks its responses' rows up by uid. Replaces the previous binding."""
-        self._rows_by_uid = rows_by_uid(uids, prompt_index)
+    def bind_uids(self, uids, prompt_index, prompts) -> None:
+        """Remember the dataset row and the prompt of each of this step's uids (verl's
+        ``non_tensor_batch`` ``"uid"``, ``"index"`` and ``"raw_prompt"``, one per prompt or per
+        response, e.g. on the batch ``fit`` hands ``_get_gen_batch``); the next call that gets no
+        ``prompt_index`` looks its responses' rows up by uid, and refuses groups of one row with
+        different prompts. Replaces the previous binding."""
+        self._by_uid = UidRows(uids, prompt_index, prompts)
 
     def expect_selected(self, uids, selected: Selected) -> None:
         """The step's selection is made (``selected``, from :meth:`select`) and the batch cut
@@ -221,40 +258,49 @@ class LZEAdvantage:
 
     def __call__(self, token_level_rewards: torch.Tensor, response_mask: torch.Tensor,
                  index, epsilon: float = 1e-6, norm_adv_by_std_in_grpo: Optional[bool] = None,
-                 config: Any = None, prompt_index=None, **unused):
-        """verl's estimator signature; returns ``(advantages, returns)``, sets :attr:`last`."""
+                 config: Any = None, prompt_index=None, prompts=None, **unused):
+        """verl's estimator signature; returns ``(advantages, returns)``, sets :attr:`last`.
+        ``prompt_index``: each response's dataset row (else the bound ones); ``prompts``: each
+        response's prompt, to have LZE's rows checked by them (as :meth:`bind`)."""
         step = self.compute(token_level_rewards, response_mask, index, epsilon,
-                            norm_adv_by_std_in_grpo, config, prompt_index)
+                            norm_adv_by_std_in_grpo, config, prompt_index, prompts)
         return step.advantages, step.returns
 
     def compute(self, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index,
                 epsilon: float = 1e-6, norm_adv_by_std_in_grpo: Optional[bool] = None,
-                config: Any = None, prompt_index=None) -> VerlStep:
+                config: Any = None, prompt_index=None, prompts=None) -> VerlStep:
         """Like ``__call__`` but returns everything (:class:`VerlStep`)."""
         norm = _norm_by_std(norm_adv_by_std_in_grpo, config)
         if self._preselected is not None and prompt_index is None:
             return self._advantages_of_selected(token_level_rewards, response_mask, index,
                                                 epsilon, norm)
-        selected = self.select(token_level_rewards, response_mask, index, prompt_index)
+        keys = (None if prompts is None or self.method == "dapo" else
+                _keys_of(prompts, len(_host_keys(index))))
+        selected = self.select(token_level_rewards, response_mask, index, prompt_index,
+                               prompt_keys=keys)
         rows = selected.rows
         step, same = rows.selection.step, self._kernel_constants(epsilon, norm)
-        advantages = (step.advantages if same and not rows.merged else
-                      ops.grpo_advantages(selected.raw, selected.valid, epsilon, norm))
-        advantages = _verl_singles(advantages, selected.raw, selected.valid, epsilon, norm)
+        raw, valid = selected.raw, selected.valid
+        advantages = (_verl_singles(step.advantages, raw, valid, epsilon, norm)
+                      if same and not rows.merged else _grpo_advantages(raw, valid, epsilon, norm))
         if self.zero_dropped:
             advantages = advantages * rows.keep.unsqueeze(1)
-        self.last = VerlStep(*_per_response(advantages, selected.groups, token_level_rewards,
-                                            response_mask),
-                             selected.keep_mask.to(token_level_rewards.device), selected.groups,
-                             rows.selection)
-        return self.last
+        result = VerlStep(selected.keep_mask.to(token_level_rewards.device), selected.groups,
+                          rows.selection, *_per_response(advantages, selected.groups,
+                                                         token_level_rewards, response_mask))
+        self.last = result.selected()
+        return result
 
     def select(self, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index,
-               prompt_index=None, equal_groups: bool = False) -> Selected:
+               prompt_index=None, equal_groups: bool = False,
+               prompt_keys: Optional[np.ndarray] = None) -> Selected:
         """Check the step's inputs, then run the method on its groups (the selector's state
         update); the bound rows are used up only when the step succeeds. A row that comes in
-        two groups is one observation (:mod:`.rows`). ``equal_groups``: refuse uid groups of
-        unequal size (a trainer that keeps whole mini-batches of groups)."""
+        two groups is one observation (:mod:`.rows`); LZE refuses rows that cannot be right
+        first (module docstring). ``prompt_keys`` [bs]: the
+        :func:`~.row_table.prompt_key` of each response's prompt, beside ``prompt_index``.
+        ``equal_groups``: refuse uid groups of unequal size (a trainer that keeps whole
+        mini-batches of groups)."""
         _check_token_tensors(token_level_rewards, response_mask)
         scores = token_level_rewards.sum(dim=-1).to(self.device)
         groups = group_by_uid(index, self.device)
@@ -271,11 +317,13 @@ class LZEAdvantage:
                 "default_agent_loop, agent_loop_config_path) needs the v1 trainer, whose "
                 "LZEReplayBuffer counts the kept groups by rows")
         raw, valid = _layout(scores, groups)
-        group_rows = self._group_rows(self._rows(prompt_index, index), groups)
-        rows = select_on_rows(self.method, self.selector, raw, valid, group_rows, self.score_fn)
+        group_rows, group_keys = self._group_rows(*self._rows(prompt_index, prompt_keys, index),
+                                                  groups)
+        rows = select_on_rows(self.method, self.selector, raw, valid, group_rows, self.score_fn,
+                              group_keys)
         self._bound, self._preselected = None, None
         if prompt_index is None:
-            self._rows_by_uid = {}
+            self._by_uid = None
         return Selected(scores, groups, raw, valid, rows)
 
     def register(self, name: str = "lze_grpo") -> None:
@@ -313,47 +361,86 @@ class LZEAdvantage:
         scores = token_level_rewards.sum(dim=-1).to(self.device)
         groups = group_by_uid(index, self.device)
         raw, valid = _layout(scores, groups)
-        advantages = _verl_singles(ops.grpo_advantages(raw, valid, epsilon, norm), raw, valid,
-                                   epsilon, norm)
+        advantages = _grpo_advantages(raw, valid, epsilon, norm)
         keep_mask = torch.ones(len(keys), dtype=torch.bool, device=token_level_rewards.device)
         self._preselected = None
-        self.last = VerlStep(*_per_response(advantages, groups, token_level_rewards,
-                                            response_mask), keep_mask, groups, selection)
-        return self.last
+        result = VerlStep(keep_mask, groups, selection,
+                          *_per_response(advantages, groups, token_level_rewards, response_mask))
+        self.last = result.selected()
+        return result
 
-    def _rows(self, prompt_index, index):
-        """The rows passed, else those bound by :meth:`bind_uids` looked up by uid, else those
-        bound by :meth:`bind` (None: no rows). Nothing is used up here."""
+    def _rows(self, prompt_index, prompt_keys, index):
+        """``(rows, keys)`` [bs]: the rows passed (with ``prompt_keys``), else those bound by
+        :meth:`bind_uids` looked up by uid, else those bound by :meth:`bind` (None: no rows;
+        keys None: no prompts). Nothing is used up here."""
         if prompt_index is not None:
-            return host_rows(prompt_index)
-        if not self._rows_by_uid:
-            return self._bound
+            return host_rows(prompt_index), prompt_keys
+        if prompt_keys is not None:
+            raise ValueError("prompts: given without prompt_index (the prompts of bound rows are "
+                             "bound with them: bind(prompt_index, prompts))")
+        if self._by_uid is None:
+            return self._bound or (None, None)
         uids = _host_keys(index).tolist()
-        missing = [uid for uid in uids if uid not in self._rows_by_uid]
+        missing = self._by_uid.missing(uids)
         if missing:
             raise ValueError(f"index: {len(missing)} uids were not bound by bind_uids (e.g. "
                              f"{missing[0]!r}); bind each step's uids before verl computes "
                              "advantages")
-        return np.fromiter(map(self._rows_by_uid.__getitem__, uids), np.int64, len(uids))
+        return self._by_uid.lookup(uids)
 
-    def _group_rows(self, ids: Optional[np.ndarray], groups: UidGroups) -> np.ndarray:
-        """[num_groups] dataset rows; the first response's row, checked for the whole group."""
+    def _group_rows(self, ids: Optional[np.ndarray], keys: Optional[np.ndarray],
+                    groups: UidGroups) -> tuple[np.ndarray, Optional[np.ndarray]]:
+        """``(rows, keys)`` [num_groups]: the first response's row and prompt key, checked for
+        the whole group."""
         if ids is None:
             if self.method == "dapo":  # stateless: the rows are only reported
-                return np.full(groups.host_first.shape[0], -1, np.int64)
+                return np.full(groups.host_first.shape[0], -1, np.int64), None
             raise ValueError("prompt_index: LZE needs each response's dataset row (verl: "
                              "non_tensor_batch['index']); pass it, or call bind() or bind_uids() "
                              "before each call")
-        if ids.shape != tuple(groups.row.shape):
-            raise ValueError(f"prompt_index: expected {groups.row.shape[0]} dataset rows (one "
-                             f"per response), got shape {tuple(ids.shape)}")
         # Checked on the host, where verl keeps them (numpy calls cost less than torch ops).
-        group_rows = ids[groups.host_first]
-        if (ids != group_rows[groups.host_row]).any():
-            raise ValueError("prompt_index: responses of one uid carry different dataset rows")
+        group_rows = _per_group(ids, groups, "prompt_index", "dataset rows")
+        group_keys = None if keys is None else _per_group(keys, groups, "prompts", "prompts")
         if self.selector is not None:
             check_row_range(group_rows, self.selector.num_prompts)
-        return group_rows
+        return group_rows, group_keys
+
+
+def _keys_of(prompts, count: int) -> Optional[np.ndarray]:
+    """[count] prompt keys of ``prompts`` (None: None)."""
+    if prompts is None:
+        return None
+    if len(prompts) != count:
+        raise ValueError(f"prompts: expected {count} prompts (one per response), got "
+                         f"{len(prompts)}")
+    return prompt_keys(prompts)
+
+
+def _per_group(values: np.ndarray, groups: UidGroups, name: str, what: str) -> np.ndarray:
+    """[num_groups] the first response's value, checked equal over each uid group."""
+    if values.shape != tuple(groups.row.shape):
+        raise ValueError(f"{name}: expected {groups.row.shape[0]} {what} (one per response), "
+                         f"got shape {tuple(values.shape)}")
+    first = values[groups.host_first]
+    if (values != first[groups.host_row]).any():
+        raise ValueError(f"{name}: responses of one uid carry different {what}")
+    return first
+
+
+def _grpo_advantages(raw: torch.Tensor, valid: Optional[torch.Tensor], epsilon: float,
+                     norm: bool) -> torch.Tensor:
+    """verl's GRPO advantages [num_groups, width] of the scores in the group layout. Without
+    padding (``valid`` None, every group of ``width`` >= 2 responses: what verl's rollouts give)
+    one ``torch.std_mean`` reduction (unbiased, as verl's ``torch.std``) and two elementwise ops,
+    a few microseconds; otherwise the kernels' masked reference (:func:`lze_kernels.ops.
+    grpo_advantages`) with verl's value for a group of one (:func:`_verl_singles`)."""
+    if valid is None and raw.shape[1] > 1:
+        scores = raw.float()
+        std, mean = torch.std_mean(scores, dim=1, keepdim=True)
+        centred = scores - mean
+        return centred / (std + epsilon) if norm else centred
+    return _verl_singles(ops.grpo_advantages(raw, valid, epsilon, norm), raw, valid, epsilon,
+                         norm)
 
 
 def _verl_singles(advantages: torch.Tensor, raw: torch.Tensor, valid: Optional[torch.Tensor],

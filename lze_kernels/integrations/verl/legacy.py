@@ -14,10 +14,12 @@ tokens only, so the update is plain GRPO on a batch of the kept groups. The over
 * ``__init__`` checks the settings and the train set (:func:`check_settings`,
   :func:`check_train_set`): the selection parts sized to it, its rows what LZE keys prompts by;
 * ``_get_gen_batch`` (right after ``fit`` makes the step's uids, while the batch still holds
-  the dataset rows, ``index``) remembers uid -> row (not while ``_validate`` runs);
+  the dataset rows, ``index``, and the prompts, ``raw_prompt``) checks each prompt against the
+  train set's prompt at its row (:meth:`~.row_table.RowTable.check`, before the rollout) and
+  remembers uid -> row and prompt key (not while ``_validate`` runs);
 * ``_balance_batch``: a colocated reward model scores the batch here instead of after it (fit
-  then finds ``rm_scores`` and does not score again); the rows are checked against the train
-  set's ``extra_info.index``; the registered :class:`~.estimator.LZEAdvantage`
+  then finds ``rm_scores`` and does not score again); the registered
+  :class:`~.estimator.LZEAdvantage`
   (``algorithm.adv_estimator=<its name>``) selects, which uses up the step's binding (one
   selector step per batch, whatever raises after it); a :class:`~.forward.ForwardSampler` given
   as ``train_sampler`` observes every group generated (its observation checked before the
@@ -57,11 +59,12 @@ from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
 from ...serialization import load_state_file
 from ..selection import selection_metrics, unit_scores
-from .estimator import LZEAdvantage, Selected, _layout, group_by_uid, rows_by_uid
+from .estimator import LZEAdvantage, Selected, UidRows, _layout, group_by_uid
 from .checkpoint import LZERLHFDataset, row_table
 from .forward import ForwardSampler
 from .minibatch import group_unit, groups_to_train, no_selection_warning
-from .rows import DATASET_FIX, INDEX_FIX, extra_info_indices
+from .row_table import DATASET_FIX
+from .rows import INDEX_FIX
 
 SELECTION_FILE = "lze_selection.pt"
 _FORMAT = "lze_kernels.verl.legacy/1"
@@ -73,7 +76,7 @@ class LZERayPPOTrainer(RayPPOTrainer):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self._rows_by_uid: dict = {}
+        self._binding: Optional[UidRows] = None
         self._validating = False
         estimator = self._estimator()
         check_settings(self.config, self.train_dataloader, estimator)
@@ -135,12 +138,22 @@ class LZERayPPOTrainer(RayPPOTrainer):
     # ------------------------------------------------------------------------- the hooks' work
 
     def bind_rows(self, batch) -> None:
-        """Remember the step's uid -> dataset row (``non_tensor_batch`` ``uid`` and ``index``)."""
-        if "index" not in batch.non_tensor_batch:
+        """Remember the step's uid -> dataset row and prompt key (``non_tensor_batch`` ``uid``,
+        ``index`` and ``raw_prompt``), each prompt checked against the train set's prompt at
+        its row first: a batch whose rows are not the train set's is refused before its
+        rollout, nothing changed."""
+        data = batch.non_tensor_batch
+        if "index" not in data:
             raise ValueError(f"index: the batch carries no dataset rows (non_tensor_batch"
                              f"['index'], from extra_info.index); {INDEX_FIX}")
-        self._rows_by_uid = rows_by_uid(batch.non_tensor_batch["uid"],
-                                        batch.non_tensor_batch["index"])
+        if "raw_prompt" not in data:
+            raise ValueError("raw_prompt: the batch carries no prompts (non_tensor_batch"
+                             "['raw_prompt'], which verl's RLHFDataset sets); LZE checks every "
+                             "step's rows by their prompts")
+        binding = UidRows(data["uid"], data["index"], data["raw_prompt"])
+        if getattr(self, "rows", None) is not None:
+            self.rows.check(binding.rows, binding.keys)
+        self._binding = binding
 
     def select_rows(self, batch, metrics: dict) -> None:
         """Feed the forward sampler, select, and cut ``batch`` in place to the kept groups. The
@@ -152,14 +165,9 @@ class LZERayPPOTrainer(RayPPOTrainer):
             return
         self._score_with_reward_model(batch)
         uids = batch.non_tensor_batch["uid"]
-        rows = self._response_rows(uids)
+        rows, keys = self._response_rows(uids)
         groups = group_by_uid(uids, "cpu")
         group_rows = rows[groups.host_first]
-        if getattr(self, "rows", None) is not None:
-            extra = batch.non_tensor_batch.get("extra_info")
-            sources = [None] * len(group_rows) if extra is None else extra_info_indices(
-                extra[groups.host_first])
-            self.rows.check(group_rows, sources)
         rewards = batch.batch["rm_scores"]
         score_fn = None if estimator is None else estimator.score_fn
         observation = None
@@ -168,12 +176,12 @@ class LZERayPPOTrainer(RayPPOTrainer):
             observation = _observation(group_rows, raw, valid, score_fn)
             sampler.check_observation(*observation)
         if estimator is None:
-            self._rows_by_uid = {}
+            self._binding = None
             sampler.observe(*observation)
             return
         selected = estimator.select(rewards, batch.batch["response_mask"], uids,
-                                    prompt_index=rows, equal_groups=True)
-        self._rows_by_uid = {}  # the step is taken: the binding goes with it
+                                    prompt_index=rows, equal_groups=True, prompt_keys=keys)
+        self._binding = None  # the step is taken: the binding goes with it
         if sampler is not None:
             sampler.observe(*observation)
         rolled_out = selected.groups.host_first.shape[0]
@@ -228,15 +236,16 @@ class LZERayPPOTrainer(RayPPOTrainer):
     def _dp_size(self) -> int:
         return self._get_dp_size(self.actor_rollout_wg, "actor")
 
-    def _response_rows(self, uids) -> np.ndarray:
-        missing = [uid for uid in uids.tolist() if uid not in self._rows_by_uid]
+    def _response_rows(self, uids) -> tuple[np.ndarray, np.ndarray]:
+        """``(rows, prompt keys)`` [bs] of the responses, by the step's binding."""
+        uids = uids.tolist()
+        missing = uids if self._binding is None else self._binding.missing(uids)
         if missing:
             raise ValueError(f"uid: {len(missing)} responses carry uids with no dataset row bound "
                              f"(e.g. {missing[0]!r}); LZERayPPOTrainer binds each step's uids in "
                              "_get_gen_batch and its selection uses the binding up, so "
                              "_balance_batch selects once per step")
-        return np.fromiter(map(self._rows_by_uid.__getitem__, uids.tolist()), np.int64,
-                           len(uids))
+        return self._binding.lookup(uids)
 
     def _score_with_reward_model(self, batch) -> None:
         """A colocated reward model scores after ``_balance_batch`` in ``fit``: score here."""
@@ -289,10 +298,11 @@ def check_settings(config, dataloader, estimator: Optional[LZEAdvantage]) -> Non
 
 
 def check_train_set(dataset, dataloader, estimator: Optional[LZEAdvantage]):
-    """The train set's :class:`~.rows.RowTable`, after checking at start-up that the selection
-    parts are sized to it and that its rows are what LZE keys prompts by: a dataset other than
-    :class:`~.checkpoint.LZERLHFDataset` hands verl ``extra_info.index`` as the row, which must
-    then be each row's position (one file, nothing filtered)."""
+    """The train set's :class:`~.row_table.RowTable`, after checking at start-up that the
+    selection parts are sized to it and that its rows are what LZE keys prompts by: a dataset
+    class that is no verl ``RLHFDataset`` is refused (``data.custom_cls``); an ``RLHFDataset``
+    other than :class:`~.checkpoint.LZERLHFDataset` hands verl ``extra_info.index`` as the row,
+    which must then be each row's position (one file, nothing filtered)."""
     rows = row_table(dataset)
     if not isinstance(dataset, LZERLHFDataset) and not rows.positions_are_indices():
         raise ValueError(f"train_dataset: verl's dataset hands each prompt's extra_info.index to "

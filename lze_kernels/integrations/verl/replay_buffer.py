@@ -39,7 +39,9 @@ through its ``refill_fn``): a colocated reward model is refused (v1 scores it af
 as are a dataset class other than ``LZERLHFDataset`` and dataloader workers; a sample that holds
 no whole mini-batch to leave out (k would be every group) is said in a warning. The train set,
 when verl loads it, reports its size (:meth:`LZEReplayBuffer.use_train_set`): ``num_prompts``
-defaults to it, and the rows of every step are checked against its ``extra_info.index``.
+defaults to it. Every prompt's row was checked against the train set's prompt at that row when
+``LZERLHFDataset`` served it (:meth:`~.checkpoint.LZERLHFDataset.__getitems__`, before the
+rollout), so groups that share a row are taken as draws of one prompt.
 
 Options come from ``trainer.v1.sampler.sampler_kwargs``: ``mode`` (``topk`` / ``refill``),
 ``method`` (``lze`` / ``dapo``), ``num_prompts`` (the train set's size; default: taken from it),
@@ -85,8 +87,8 @@ from . import checkpoint
 from .estimator import _layout, group_by_uid
 from .forward import ForwardSampler
 from .minibatch import group_unit, groups_to_train, leading_groups_near, no_selection_warning
-from .rows import (DATASET_FIX, INDEX_FIX, check_row_range, extra_info_indices, host_rows,
-                   select_on_rows)
+from .row_table import DATASET_FIX
+from .rows import INDEX_FIX, check_row_range, host_rows, select_on_rows
 
 REWARD_FIELD = "rm_scores"  # verl's token-level reward of each trajectory (the canonical one)
 MODES = ("topk", "refill")
@@ -161,7 +163,7 @@ class LZEReplayBuffer(ReplayBuffer):
     def use_train_set(self, dataset) -> None:
         """The train set verl built (:class:`~.checkpoint.LZERLHFDataset` calls this when it
         loads): its size is ``num_prompts`` (taken when not given, else checked), its row table
-        checks each step's rows."""
+        holds each row's prompt key (the dataset checks every prompt it serves against it)."""
         size = len(dataset)
         if self.num_prompts is None:
             self.num_prompts = size
@@ -331,19 +333,19 @@ class LZEReplayBuffer(ReplayBuffer):
         """``(groups, num_selected)``: the round's uid groups best first
         (:meth:`~.rows.RowSelection.ranking`) and how many the method selects. The forward
         sampler observes every group, after both its and the selection's checks passed."""
-        keys, tags, scores, row_values, sources = self._read(batch)
+        keys, tags, scores, row_values = self._read(batch)
         self._rolled_out_scores.append(scores)
         groups = group_by_uid(np.array([key.split("_")[0] for key in keys], dtype=object), "cpu")
         raw, valid = _layout(scores, groups)
         rows = self._group_rows(row_values, groups)
-        if self.rows is not None:
-            self.rows.check(rows, [sources[i] for i in groups.host_first],
-                            f"index_field ({self.index_field!r})")
+        # The train set's LZERLHFDataset checked each prompt against its row when it served it.
+        group_keys = None if self.rows is None else self.rows.prompt_key[rows]
         observed = None
         if self.forward is not None:  # every group verl generated, kept or not
             observed = (torch.as_tensor(rows), unit_scores(raw, valid, self.score_fn), valid)
             self.forward.check_observation(*observed)
-        selection = select_on_rows(self.method, self.selector, raw, valid, rows, self.score_fn)
+        selection = select_on_rows(self.method, self.selector, raw, valid, rows, self.score_fn,
+                                   group_keys)
         if observed is not None:
             self.forward.observe(*observed)
         order, num_selected = selection.ranking()
@@ -359,13 +361,12 @@ class LZEReplayBuffer(ReplayBuffer):
         return ranked, num_selected
 
     def _read(self, batch: KVBatchMeta):
-        """The round's trajectories ``(keys, tags, scores, rows, extra_info indices)`` in one
-        order whatever order TransferQueue got them in (the agent loop's rollouts finish in any
-        order): by dataset row, then session. So ties in the selection (equal energies, the
-        groups that fill k by energy) fall the same way in every run, a resumed one included."""
-        fields = [REWARD_FIELD, self.index_field] + ([] if self.rows is None else ["extra_info"])
+        """The round's trajectories ``(keys, tags, scores, rows)`` in one order whatever order
+        TransferQueue got them in (the agent loop's rollouts finish in any order): by dataset
+        row, then session. So ties in the selection (equal energies, the groups that fill k by
+        energy) fall the same way in every run, a resumed one included."""
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
-                               select_fields=fields)
+                               select_fields=[REWARD_FIELD, self.index_field])
         values = data[self.index_field]
         if values is None:
             raise ValueError(f"index_field: the trajectories carry no {self.index_field!r} field "
@@ -376,12 +377,8 @@ class LZEReplayBuffer(ReplayBuffer):
         order = np.lexsort((sessions, rows)).tolist()
         rewards = list(data[REWARD_FIELD])
         scores = torch.stack([rewards[i].sum() for i in order]).float()
-        sources = None
-        if self.rows is not None:
-            extra = list(data["extra_info"])
-            sources = extra_info_indices([extra[i] for i in order])
         return ([batch.keys[i] for i in order], [batch.tags[i] for i in order], scores,
-                rows[order], sources)
+                rows[order])
 
     def _update_unit(self) -> int:
         """The fewest groups of ``rollout.n`` rows verl's v1 update takes without padding rows

@@ -1,7 +1,8 @@
 """The dataset rows of a verl step's groups: their checks, and groups that share a row.
 
-LZE keys its per-prompt state by dataset row (verl's ``non_tensor_batch["index"]``). A row can
-come twice in one batch: a batch that spans two passes of the sampler (the pruner's or GRESO's
+LZE keys its per-prompt state by dataset row (verl's ``non_tensor_batch["index"]``; which row a
+prompt is, and the train set's table of each row's prompt: :mod:`.row_table`). A row can come
+twice in one batch: a batch that spans two passes of the sampler (the pruner's or GRESO's
 permutation, verl's own sampler under ``data.gen_batch_size`` fetches) may draw a row at the end
 of one pass and again early in the next. Such groups are two samples of the same prompt under
 the same policy, so the selection takes them as what the data says: **one observation of the
@@ -13,17 +14,11 @@ whose rewards differ, so a row with an all-wrong and an all-right group (merged 
 does not take two slots from groups that can learn. A batch without repeats takes exactly the
 selector's single step on its groups.
 
-A batch whose groups all carry one dataset row is what a dataset without ``extra_info.index``
-gives (verl fills a missing index with 0): the first step refuses it (:func:`check_rows_differ`).
-
-**Which row.** verl's samplers yield positions in the train set as it stands after its files are
-concatenated and ``data.filter_overlong_prompts`` has dropped rows; ``extra_info.index`` is what
-the preprocessing wrote, which restarts at 0 in each file and keeps its value when rows before it
-are dropped. LZE keys a prompt by its position (:class:`~.checkpoint.LZERLHFDataset` puts it in
-each item's ``index``) and :class:`RowTable` holds each position's ``extra_info.index``, read once
-at load, to check every step's rows against (:meth:`RowTable.check`). A train set whose
-``extra_info.index`` *is* its positions (one file, nothing filtered) needs no custom dataset
-class (:meth:`RowTable.positions_are_indices`).
+**Rows that cannot be right** are refused at every LZE step, before the selector steps
+(:func:`check_repeated_rows`): groups that share a row but carry different prompts (their
+prompt keys, where the caller knows them), and, where the prompts are not known, two or more
+groups that all carry one row, which is what a dataset without ``extra_info.index`` gives (verl
+fills a missing index with 0).
 """
 
 from __future__ import annotations
@@ -42,82 +37,6 @@ from ..selection import GroupSelection, ScoreFn, select_groups
 INDEX_FIX = ("write each example's row number into its extra_info.index when preparing the "
              "dataset (verl's examples/data_preprocess scripts do: extra_info={'index': idx} in "
              "the function they map over the dataset with with_indices=True)")
-DATASET_FIX = ("data.custom_cls.path=pkg://lze_kernels.integrations.verl.checkpoint "
-               "data.custom_cls.name=LZERLHFDataset (it keys each prompt by its row in the train "
-               "set after the files are joined and filtered)")
-NO_INDEX = -1  # a row without extra_info.index in RowTable
-
-
-class RowTable:
-    """Each train-set row's ``extra_info.index`` (:data:`NO_INDEX` where it has none), read once
-    from verl's ``RLHFDataset`` (its ``dataframe`` after concatenation and filtering)."""
-
-    def __init__(self, source_index: np.ndarray, files: int = 1):
-        self.source_index = source_index
-        self.files = files
-
-    @classmethod
-    def of(cls, dataset) -> "RowTable":
-        frame = dataset.dataframe
-        extra = frame["extra_info"] if "extra_info" in frame.column_names else [None] * len(frame)
-        values = [_int_or_none((e or {}).get("index")) for e in extra]
-        index = np.array([NO_INDEX if v is None else v for v in values], dtype=np.int64)
-        return cls(index, len(getattr(dataset, "data_files", [None])))
-
-    def __len__(self) -> int:
-        return self.source_index.shape[0]
-
-    def positions_are_indices(self) -> bool:
-        """``extra_info.index`` equals the row everywhere (what verl's own dataset keys by)."""
-        return bool(np.array_equal(self.source_index, np.arange(len(self))))
-
-    def describe(self) -> str:
-        """Why the rows and ``extra_info.index`` differ, for a message."""
-        index = self.source_index
-        missing = int((index == NO_INDEX).sum())
-        present = index[index != NO_INDEX]
-        repeated = present.shape[0] - np.unique(present).shape[0]
-        shifted = int(((index != np.arange(len(self))) & (index != NO_INDEX)).sum())
-        return (f"{len(self)} rows from {self.files} file(s): {repeated} repeat an "
-                f"extra_info.index of another row (indices restarting in each file), {shifted} "
-                f"sit at another position than their extra_info.index (rows before them filtered "
-                f"out, or a later file), {missing} have none")
-
-    def check(self, rows: np.ndarray, source_index, name: str = "index") -> None:
-        """The rows a step selects on carry the ``extra_info.index`` the table holds for them
-        (``source_index``: each row's ``extra_info.index`` as the batch carries it, None or
-        :data:`NO_INDEX` where absent). A mismatch: the batch's rows are not this train set's."""
-        check_row_range(rows, len(self), name)
-        got = np.array([NO_INDEX if (v := _int_or_none(s)) is None else v for s in source_index],
-                       dtype=np.int64)
-        wrong = np.flatnonzero(self.source_index[rows] != got)
-        if wrong.size:
-            i = int(wrong[0])
-            raise ValueError(
-                f"{name}: row {int(rows[i])} carries extra_info.index {int(got[i])}, but row "
-                f"{int(rows[i])} of the train set has {int(self.source_index[rows[i]])} "
-                f"({wrong.size} of {rows.shape[0]} groups disagree): the rows LZE keys its state "
-                f"by are not this train set's positions. Fix: {DATASET_FIX}")
-
-
-def _int_or_none(value):
-    value = getattr(value, "data", value)  # TransferQueue's NonTensorData
-    if isinstance(value, (bool, np.bool_)) or value is None:
-        return None
-    if isinstance(value, (int, np.integer)):
-        return int(value)
-    if isinstance(value, (float, np.floating)) and float(value).is_integer():
-        return int(value)
-    return None
-
-
-def extra_info_indices(extra_infos) -> list:
-    """``extra_info.index`` of each entry of verl's ``extra_info`` field (dicts, or None)."""
-    out = []
-    for extra in extra_infos:
-        extra = getattr(extra, "data", extra)
-        out.append(extra.get("index") if isinstance(extra, dict) else None)
-    return out
 
 
 def host_rows(values, name: str = "prompt_index") -> np.ndarray:
@@ -152,12 +71,42 @@ def check_rows_differ(group_rows: np.ndarray, steps_taken: Callable[[], int],
                       name: str = "prompt_index") -> None:
     """At the first step (``steps_taken()`` = 0, read only when needed), two or more groups
     that all carry one dataset row mean the rows are missing or wrong: refused with the fix.
-    (Later a batch can legitimately repeat a row, e.g. a pruner with one prompt left.)"""
+    (Later a batch can legitimately repeat a row, e.g. a pruner with one prompt left; a forward
+    sampler's observations come from a trainer that has checked the rows' prompts.)"""
     if group_rows.shape[0] < 2 or (group_rows != group_rows[0]).any() or steps_taken() > 0:
         return
     raise ValueError(f"{name}: all {group_rows.shape[0]} groups of the first step carry dataset "
                      f"row {int(group_rows[0])}; LZE keeps each prompt's history by its row, and "
                      f"verl fills a missing extra_info.index with 0. Fix: {INDEX_FIX}")
+
+
+def check_repeated_rows(group_rows: np.ndarray, group_keys: Optional[np.ndarray],
+                        repeats: Repeats, name: str = "prompt_index") -> None:
+    """Groups that share a dataset row must be draws of one prompt: with the groups' prompt keys
+    (``group_keys``, :func:`~.row_table.prompt_key`), groups of one row with different prompts
+    are refused; without them, two or more groups that all carry one row (a dataset without
+    ``extra_info.index``: verl fills 0). Any step, O(num_groups) on the host."""
+    if not repeats.any:
+        return
+    if group_keys is None:
+        if repeats.rows.shape[0] == 1:
+            raise ValueError(
+                f"{name}: all {group_rows.shape[0]} groups of the step carry dataset row "
+                f"{int(group_rows[0])}; LZE keeps each prompt's history by its row, and verl "
+                f"fills a missing extra_info.index with 0. Fix: {INDEX_FIX}. (Where one prompt "
+                f"is drawn for every group, pass the prompts: the rows are then checked by them.)")
+        return
+    row_key = np.empty(repeats.rows.shape[0], np.int64)
+    row_key[repeats.of_group] = group_keys
+    clash = np.flatnonzero(row_key[repeats.of_group] != group_keys)
+    if clash.size:
+        row = int(group_rows[clash[0]])
+        rows = np.unique(group_rows[clash]).shape[0]
+        raise ValueError(
+            f"{name}: groups with different prompts carry dataset row {row} ({rows} row(s) of "
+            f"the step are shared by different prompts); LZE keeps each prompt's history by its "
+            f"row, so two prompts would share one. The rows must be each prompt's row in the "
+            f"train set: {INDEX_FIX}")
 
 
 @dataclass
@@ -167,6 +116,12 @@ class Repeats:
     rows: np.ndarray  # [U] distinct dataset rows
     of_group: np.ndarray  # [num_groups] position of each group's row in ``rows``
     occurrence: np.ndarray  # [num_groups] how many earlier groups share its row
+
+    @classmethod
+    def none(cls, group_rows: np.ndarray) -> "Repeats":
+        """Every group its own row (what a per-group method takes the groups as)."""
+        count = group_rows.shape[0]
+        return cls(group_rows, np.arange(count), np.zeros(count, np.int64))
 
     @property
     def any(self) -> bool:
@@ -178,7 +133,7 @@ def find_repeats(group_rows: np.ndarray) -> Repeats:
     listed = group_rows.tolist()
     numbers = dict(zip(dict.fromkeys(listed), itertools.count()))
     if len(numbers) == len(listed):
-        return Repeats(group_rows, np.arange(len(listed)), np.zeros(len(listed), np.int64))
+        return Repeats.none(group_rows)
     of_group = np.fromiter(map(numbers.__getitem__, listed), np.int64, len(listed))
     order = np.argsort(of_group, kind="stable")
     counts = np.bincount(of_group)
@@ -251,15 +206,19 @@ class RowSelection:
 
 def select_on_rows(method: str, selector: Optional[LZESelector], rewards: torch.Tensor,
                    valid: Optional[torch.Tensor], group_rows: np.ndarray,
-                   score_fn: Optional[ScoreFn] = None) -> RowSelection:
+                   score_fn: Optional[ScoreFn] = None,
+                   group_keys: Optional[np.ndarray] = None) -> RowSelection:
     """Apply ``method`` to the groups ``rewards`` [num_groups, G] whose dataset rows are
-    ``group_rows`` (checked in range by the caller; repeats allowed). LZE runs one selector step
-    on the distinct rows, a repeated row's groups merged (module docstring), after refusing a
-    first step whose groups all carry one row; DAPO is per group."""
-    repeats = find_repeats(group_rows)
-    if method == "lze":
-        check_rows_differ(group_rows, lambda: int(selector.state.step_counter[0]))
-    if method == "dapo" or not repeats.any:
+    ``group_rows`` (checked in range by the caller; repeats allowed) and whose prompts have the
+    keys ``group_keys`` (None: not known). LZE runs one selector step on the distinct rows, a
+    repeated row's groups merged (module docstring), after refusing rows that cannot be right
+    (:func:`check_repeated_rows`); DAPO is per group."""
+    if method == "dapo":  # per group: its rows are only reported
+        repeats = Repeats.none(group_rows)
+    else:
+        repeats = find_repeats(group_rows)
+        check_repeated_rows(group_rows, group_keys, repeats)
+    if not repeats.any:
         ids = torch.as_tensor(group_rows, device=rewards.device)
         selection = select_groups(method, selector, rewards, ids, valid, score_fn,
                                   ids_checked=True)
