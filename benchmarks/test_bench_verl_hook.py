@@ -423,8 +423,7 @@ def gsm8k_like(rows) -> np.ndarray:
 # prompt, compare with its row's key); legacy with LZERLHFDataset: that, and _get_gen_batch's
 # check of the bound prompts.
 
-KEY_RESULTS = os.path.join(os.path.dirname(__file__), "results", "verl_prompt_keys.json")
-KEY_TABLE = os.path.join(os.path.dirname(__file__), "results", "verl_prompt_keys.md")
+KEY_RESULTS, KEY_TABLE = "verl_prompt_keys.json", "verl_prompt_keys.md"  # run_file names
 KEY_CASE = (1024, 8, 256)  # (prompts, rollouts, length)
 KEY_ROUNDS = 15
 
@@ -474,14 +473,14 @@ def test_prompt_key_cost():
               "rounds": KEY_ROUNDS, "torch_threads": torch.get_num_threads(),
               "load_average": os.getloadavg()}
     key = f"verl prompt keys B{num_prompts} G{group} T{length}"
-    merge_result(KEY_RESULTS, key, result)
+    merge_result(run_file(KEY_RESULTS), key, result)
     print(key, json.dumps(result))
     _write_key_table()
 
 
 def _write_key_table() -> None:
     """results/verl_prompt_keys.md from results/verl_prompt_keys.json."""
-    with open(KEY_RESULTS) as f:
+    with open(run_file(KEY_RESULTS)) as f:
         table = json.load(f)
     lines = ["| B x n | T | trainer: where the prompts are checked | the check | verl's "
              "_balance_batch + compute_advantage (grpo) | share |", "|---|---|---|---|---|---|"]
@@ -492,5 +491,5 @@ def _write_key_table() -> None:
             lines.append(f"| {b} x {g} | {t} | {what} | {1e3 * r[f'{name}_s']:.3g} ms | "
                          f"{1e3 * r['verl_s']:.3g} ms | {100 * r[f'{name}_share']:.2g} % "
                          f"(load {r['load_average'][0]:.1f}) |")
-    with open(KEY_TABLE, "w") as f:
+    with open(run_file(KEY_TABLE), "w") as f:
         f.write("\n".join(lines) + "\n")

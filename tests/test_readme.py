@@ -179,18 +179,25 @@ def test_make_block_names_makefile_targets():
     assert {c[1] for c in commands if c} <= targets
 
 
+def outside_make() -> dict[str, str]:
+    """This environment without what an enclosing make passes down (CI runs the tests under
+    `make test`, whose MAKELEVEL and MAKEFLAGS make a nested make print its directory)."""
+    return {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
+
+
 def test_make_stops_at_a_python_it_is_not_for_naming_the_fix(tmp_path):
     """make with a Python the pinned sets are not resolved for stops before anything runs, with
     the fix in its message (today's python3 may be 3.10, which failed deep in pip)."""
     old = tmp_path / "python3"
     old.write_text("#!/bin/sh\necho 3.10\n")
     old.chmod(0o755)
-    out = subprocess.run(["make", "-n", "setup", f"PYTHON={old}"], cwd=ROOT, capture_output=True,
-                         text=True)
+    out = subprocess.run(["make", "--no-print-directory", "-n", "setup", f"PYTHON={old}"],
+                         cwd=ROOT, capture_output=True, text=True, env=outside_make())
     assert out.returncode != 0 and out.stdout == ""
     assert "Python 3.10" in out.stderr and "make PYTHON=python3.12 setup" in out.stderr
-    ok = subprocess.run(["make", "-n", "setup", f"PYTHON={sys.executable}"], cwd=ROOT,
-                        capture_output=True, text=True)
+    ok = subprocess.run(["make", "--no-print-directory", "-n", "setup",
+                         f"PYTHON={sys.executable}"], cwd=ROOT, capture_output=True, text=True,
+                        env=outside_make())
     assert "this needs Python" not in ok.stderr
 
 
