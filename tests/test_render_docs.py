@@ -58,6 +58,20 @@ NOT_MEASURED = {
 }
 
 
+def test_every_registered_results_file_is_committed():
+    """A registered results file that git ignores (benchmarks/results/*.json is ignored for the
+    tests' own outputs) renders here and is missing from every clone: each one must be tracked."""
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    registry = render_docs.tomllib.loads((ROOT / render_docs.REGISTRY).read_text())
+    paths = sorted({entry["path"] for entry in registry.values()})
+    def tracked(path: str) -> bool:  # a file, or a run's folder with its files
+        return bool(subprocess.run(["git", "ls-files", "--", path], cwd=ROOT, capture_output=True,
+                                   text=True, check=True).stdout.strip())
+
+    assert [path for path in paths if not tracked(path)] == []
+
+
 def test_every_rendered_block_and_page_is_current():
     """`python tools/render_docs.py` leaves nothing to change."""
     assert render_docs.stale(ROOT) == []
