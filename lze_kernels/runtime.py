@@ -146,15 +146,19 @@ class EmulatedRuntime(HostRuntime):
         module.event_record(event, stream)
         module.stream_wait_event(self.stream(device), event)
 
+    def _runs_in_the_call(self, device) -> bool:
+        """Whether work issued now runs before the call returns (immediate mode, no capture)."""
+        return not self.asynchronous and not self.capturing(device)
+
     def zero_(self, tensor: torch.Tensor) -> None:
-        if not self.asynchronous and not self.capturing(tensor.device):
+        if self._runs_in_the_call(tensor.device):
             tensor.zero_()
             return
         self._module().memset_async(tensor.data_ptr(), 0, _nbytes(tensor),
                                     self.stream(tensor.device))
 
     def copy_(self, target: torch.Tensor, source: torch.Tensor) -> None:
-        if not self.asynchronous and not self.capturing(target.device):
+        if self._runs_in_the_call(target.device):
             target.copy_(source)
             return
         source = source.to(target.dtype).contiguous()
