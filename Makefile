@@ -113,7 +113,12 @@ demo: setup
 TEST_WORKERS ?= 2
 TEST_TIMES := $(abspath .test-times)
 MARK := $(PYTHON) tools/test_times.py mark
-PYTEST_PARALLEL = -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+# --max-worker-restart=0: a worker that dies (a native crash) ends the suite at once, naming the
+# test it ran. xdist 3.8 replacing it under --dist loadfile hands the replacement the dead
+# worker's finished files again, as empty units, and the run waits for them forever
+# (pytest-xdist#1378, reproduced with 3.8.0; tests/test_timing_plugin.py runs a crash).
+PYTEST_PARALLEL = -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
+	--max-worker-restart=0
 test: export LZE_STAGE_TIMES := $(TEST_TIMES)/stages.tsv
 test: export LZE_TEST_TIMES := $(TEST_TIMES)/tests
 # Every make test compiles from empty caches, so that each file's share of its suite (the report)

@@ -78,6 +78,12 @@ def params():
     return KernelParams.from_config(LZEConfig())
 
 
+def outside_make() -> dict[str, str]:
+    """This environment without what an enclosing make passes down (CI runs the tests under
+    `make test`, whose MAKELEVEL and MAKEFLAGS make a nested make print its directory)."""
+    return {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
+
+
 def binary_rewards(batch, group, generator, p_correct=None):
     """Binary rewards whose per-row success probability is spread over [0, 1]."""
     if p_correct is None:

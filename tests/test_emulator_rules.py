@@ -69,3 +69,13 @@ def test_a_kernel_that_would_hang_or_corrupt_a_gpu_stops_with_the_emulators_mess
     result = run_case(driver, case)
     assert result.returncode != 0 and "ran to its end" not in result.stdout, result.stdout
     assert STOPS[case] in result.stderr, result.stderr
+
+
+def test_a_correct_look_back_whose_blocks_are_slow_runs_to_its_end(driver):
+    """Slow blocks are not stuck ones: a block that waited long and has seen its word change is on
+    its way, even while it computes before its next atomic (as a worker the OS descheduled
+    would). The watch of 05d6c1a, which counted how long threads had spun, stopped this process
+    every time, and stopped the top-k's look-back (write_kernel) on a loaded machine."""
+    result = run_case(driver, "slow_look_back")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "3 of 3 blocks published, error code 0" in result.stdout, result.stdout

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import outside_make
 from readme_blocks import README, ROOT, RECORD_TORCHRUN, RULES, block, blocks, rule_of, run_bash
 
 TESTS = Path(__file__).resolve().parent
@@ -177,12 +178,6 @@ def test_make_block_names_makefile_targets():
     commands = [line.split("#")[0].split() for line in block("make").text.splitlines()]
     assert [c[1] for c in commands if c] == ["demo", "test"]
     assert {c[1] for c in commands if c} <= targets
-
-
-def outside_make() -> dict[str, str]:
-    """This environment without what an enclosing make passes down (CI runs the tests under
-    `make test`, whose MAKELEVEL and MAKEFLAGS make a nested make print its directory)."""
-    return {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
 
 
 def test_make_stops_at_a_python_it_is_not_for_naming_the_fix(tmp_path):

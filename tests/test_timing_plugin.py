@@ -1,6 +1,7 @@
 """The per-test time record `make test` keeps (tests/timing_plugin.py) and what is built from it
 (tools/test_times.py): the report (stage table, slowest tests, warnings; never a failure) and the
-developers' budget check (`make test-times`), which fails a file over its share of its suite."""
+developers' budget check (`make test-times`), which fails a file over its share of its suite; and
+that a worker's crash ends `make test`'s suites with its test named instead of hanging them."""
 
 import json
 import os
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 import test_times  # noqa: E402
+from conftest import outside_make  # noqa: E402
 
 
 def _record(nodeid, cpu, wall=None, suite="main"):
@@ -194,6 +196,42 @@ def test_make_test_ends_with_the_report_and_test_times_runs_the_check():
     check = [line for line in dry if "test_times.py check" in line]
     assert len(report) == 1 and len(check) == 1
     assert dry.index(report[0]) < dry.index(check[0])
+
+
+def _make_variable(name: str) -> str:
+    """A Makefile variable as make expands it."""
+    return subprocess.run(["make", "--no-print-directory", "-s", "--eval",
+                           f"print-variable: ; @echo $({name})", "print-variable"], cwd=ROOT,
+                          capture_output=True, text=True, check=True,
+                          env=outside_make()).stdout.strip()
+
+
+CRASHES = """
+import os
+def test_before():
+    pass
+def test_crash():
+    os.abort()
+def test_after():
+    pass
+"""
+
+
+def test_a_crashed_worker_ends_the_suite_naming_its_test(tmp_path):
+    """make test's workers under its own options: a test that takes its worker down (a native
+    crash) ends the run with the test named. Without --max-worker-restart=0, xdist 3.8 replaces
+    the worker and, under --dist loadfile, waits forever for the dead worker's finished files
+    (pytest-xdist#1378): the CI run at 05d6c1a hung so until its 90 minutes ran out."""
+    (tmp_path / "test_crash.py").write_text(CRASHES)
+    for i in range(6):
+        (tmp_path / f"test_ok_{i}.py").write_text("def test_a():\n    pass\n")
+    options = _make_variable("PYTEST_PARALLEL").split()
+    assert "--dist" in options and "--max-worker-restart=0" in options
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *options,
+                          "test_crash.py", *sorted(p.name for p in tmp_path.glob("test_ok_*"))],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert run.returncode != 0
+    assert "crashed while running 'test_crash.py::test_crash'" in run.stdout, run.stdout
 
 
 def test_the_plugin_records_cpu_time_of_the_test_and_its_children(tmp_path):

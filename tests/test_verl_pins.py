@@ -31,6 +31,7 @@ def test_make_test_runs_the_verl_tests_in_their_venv():
     assert "install --no-compile -c requirements/constraints-verl.txt -r requirements/verl.in" in dry
     assert "LZE_BUILD_CUDA=0 LZE_BUILD_CUDA_EMULATED=0" in dry
     assert (".venv-verl/bin/python -P -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder "
+            "--max-worker-restart=0 "
             "tests/test_integration_verl.py") in dry
     assert "tests/test_verl_v1.py" in dry
     test = subprocess.run(["make", "-n", "test"], cwd=ROOT, capture_output=True, text=True,

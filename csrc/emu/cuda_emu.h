@@ -457,18 +457,19 @@ T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = warpSize) {
 }
 
 // Atomics return the old value, like CUDA's. The second operand is not deduced, so
-// atomicAdd(&u64, 1) converts 1 as CUDA's overloads do. Each tells the spin watch whether it
-// changed its word (emu_block.h): an atomic that changes nothing is a poll.
+// atomicAdd(&u64, 1) converts 1 as CUDA's overloads do. Each tells the spin watch what it saw
+// and whether it changed its word (emu_block.h): one that changes nothing and sees what the
+// thread saw there last is a poll.
 template <typename T>
 T atomicAdd(T* address, std::type_identity_t<T> value) {
   const T old = std::atomic_ref<T>(*address).fetch_add(value);
-  emu::note_atomic(address, value != T{0});
+  emu::note_atomic(address, old, value != T{0});
   return old;
 }
 template <typename T>
 T atomicOr(T* address, std::type_identity_t<T> value) {
   const T old = std::atomic_ref<T>(*address).fetch_or(value);
-  emu::note_atomic(address, (old | value) != old);
+  emu::note_atomic(address, old, (old | value) != old);
   return old;
 }
 template <typename T>
@@ -477,20 +478,20 @@ T atomicMax(T* address, std::type_identity_t<T> value) {
   T old = target.load();
   while (old < value && !target.compare_exchange_weak(old, value)) {
   }
-  emu::note_atomic(address, old < value);
+  emu::note_atomic(address, old, old < value);
   return old;
 }
 template <typename T>
 T atomicExch(T* address, std::type_identity_t<T> value) {
   const T old = std::atomic_ref<T>(*address).exchange(value);
-  emu::note_atomic(address, old != value);
+  emu::note_atomic(address, old, old != value);
   return old;
 }
 template <typename T>
 T atomicCAS(T* address, std::type_identity_t<T> compare, std::type_identity_t<T> value) {
   const T expected = compare;
   std::atomic_ref<T>(*address).compare_exchange_strong(compare, value);
-  emu::note_atomic(address, compare == expected && expected != value);
+  emu::note_atomic(address, compare, compare == expected && expected != value);
   return compare;
 }
 

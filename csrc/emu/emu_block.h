@@ -16,14 +16,18 @@
 // the block's static area, which holds the kernel's declared static shared memory: a kernel
 // whose variables need more than it declared stops the process.
 //
-// Spin watch. Atomics that leave their word unchanged (atomicAdd(p, 0), a failed atomicCAS, ...)
-// count as polls. A thread that polls on and on while other threads of its block could run is a
-// spin-wait inside a block (rule 4 of cuda_compat.h): in fiber mode it would never yield, on a
-// GPU it is a hang or a race. The grid (emu_grid.h) is told of long spins to judge forward
-// progress between blocks.
+// Spin watch. An atomic that leaves its word unchanged (atomicAdd(p, 0), a failed atomicCAS, ...)
+// and returns the value the thread's previous atomic on that word returned is a poll; a write,
+// another word or a new value seen is progress. A thread that polls on and on while other threads
+// of its block could run is a spin-wait inside a block (rule 4 of cuda_compat.h): in fiber mode
+// it would never yield, on a GPU it is a hang or a race. The grid (emu_grid.h) is told of long
+// spins to judge forward progress between blocks, on what memory holds, not on how long a thread
+// spun: a worker the OS has descheduled is slow, not stuck.
 #pragma once
 
+#include <atomic>
 #include <bit>
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <mutex>
@@ -57,10 +61,11 @@ namespace emu {
 
 constexpr unsigned kWarpSize = 32;
 constexpr unsigned kMaxThreadsPerBlock = 1024;
-// Polls without progress after which a thread's spin is reported to the grid, and after which
-// it is a hang whatever else runs.
+// Polls without progress after which a thread's spin is reported to the grid (which stops the
+// process only when every resident block waits on a word that still holds what it saw), and
+// after which it is a hang whatever else runs (minutes of polling: not a descheduled peer).
 constexpr uint64_t kLongSpin = uint64_t{1} << 16;
-constexpr uint64_t kHopelessSpin = uint64_t{1} << 28;
+constexpr uint64_t kHopelessSpin = uint64_t{1} << 34;
 
 enum class WarpOp : uint8_t { kSync, kBallot, kMatchAny, kShflIdx, kShflUp, kShflDown, kShflXor };
 
@@ -84,8 +89,10 @@ struct Thread {
   bool waiting = false;     // blocked in a barrier or warp collective until released
   bool at_barrier = false;  // waiting in __syncthreads
   bool done = false;
-  uint64_t polls = 0;       // atomics in a row that changed nothing
-  const void* polled = nullptr;
+  uint64_t polls = 0;       // atomics in a row that changed nothing and saw the same value
+  const void* polled = nullptr;   // their word,
+  uint64_t polled_value = 0;      // the value they returned (its bytes, zero-extended)
+  unsigned polled_size = 0;       // and its size in bytes
   LaneRequest request{};
   uint64_t result = 0;
 #ifdef LZE_EMU_OS_THREADS
@@ -167,13 +174,37 @@ inline void reset_polls(Thread& t) {
   t.polls = 0;
 }
 
-// An atomic on `address` by the current thread; `changed`: whether it wrote a new value.
-inline void note_atomic(const void* address, bool changed) {
+// The bytes of an atomic's value, zero-extended (atomics are 4 or 8 bytes wide).
+template <typename T>
+uint64_t value_bits(T value) {
+  static_assert(sizeof(T) <= sizeof(uint64_t));
+  uint64_t bits = 0;
+  std::memcpy(&bits, &value, sizeof(T));
+  return bits;
+}
+
+// Whether a polled word still holds the value its poller last saw.
+inline bool still_holds(const Thread& t) {
+  auto* word = const_cast<void*>(t.polled);
+  switch (t.polled_size) {
+    case 4: return std::atomic_ref(*static_cast<uint32_t*>(word)).load() == t.polled_value;
+    case 8: return std::atomic_ref(*static_cast<uint64_t*>(word)).load() == t.polled_value;
+    default: return true;  // no other width is polled; cannot tell, so it counts as unchanged
+  }
+}
+
+// An atomic on `address` by the current thread that returned `seen`; `changed`: whether it
+// wrote a new value.
+template <typename T>
+void note_atomic(const T* address, T seen, bool changed) {
   if (tls_thread == nullptr) return;  // host code
   Thread& t = current();
-  if (changed || t.polled != address) {
+  const uint64_t bits = value_bits(seen);
+  if (changed || t.polled != address || t.polled_value != bits) {
     reset_polls(t);
     t.polled = address;
+    t.polled_value = bits;
+    t.polled_size = sizeof(T);
     return;
   }
   if (++t.polls % kLongSpin == 0) report_long_spin(t);

@@ -70,7 +70,8 @@ struct Grid : GridSpec {
   std::atomic<uint64_t> next{0};   // blocks started
   unsigned workers = 1;
   std::atomic<unsigned> running{1};   // workers that have not run out of blocks
-  std::atomic<unsigned> spinning{0};  // workers whose block spins
+  std::mutex spin_mutex;
+  std::vector<const Thread*> spinners;  // threads past kLongSpin polls (under spin_mutex)
 
   uint64_t block_at(uint64_t position) const {
     switch (order) {
@@ -119,18 +120,32 @@ inline bool sibling_runnable(const Thread& t) {
 #endif
 }
 
+// Blocks with a thread whose polled word still holds what it saw: a thread that has seen its
+// word change but not yet polled again (descheduled between the two) is on its way, not stuck.
+inline unsigned stuck_blocks(const Grid& g) {
+  std::vector<const Block*> stuck;
+  for (const Thread* t : g.spinners) {
+    if (still_holds(*t) && std::find(stuck.begin(), stuck.end(), t->block) == stuck.end()) {
+      stuck.push_back(t->block);
+    }
+  }
+  return static_cast<unsigned>(stuck.size());
+}
+
 // The spin watch (emu_block.h): a thread has polled kLongSpin more times without progress. When
-// every worker still running a block spins, nothing can release them: a block waits on one that
-// has not started (no worker is free to start it), on a sibling thread that cannot run while it
-// spins (fiber mode), or the spinning blocks wait on each other.
+// the block of every worker still running waits on a word that still holds what it saw, nothing
+// can release them: a block waits on one that has not started (no worker is free to start it),
+// on a sibling thread that cannot run while it spins (fiber mode), or the blocks wait on each
+// other. The verdict reads memory, not time: a worker the OS has descheduled, or one that has
+// just finished the block another waits on, never makes it.
 inline void report_long_spin(Thread& t) {
   Block& b = *t.block;
   Grid& g = *b.grid;
-  const bool first_report = t.polls == kLongSpin;
-  const unsigned spinning = first_report ? g.spinning.fetch_add(1) + 1 : g.spinning.load();
+  const std::lock_guard<std::mutex> lock(g.spin_mutex);
+  if (t.polls == kLongSpin) g.spinners.push_back(&t);
   const std::string who = g.kernel + ": " + block_name(b.idx) + ", thread " +
                           std::to_string(t.idx.x) + ", spins on an atomic";
-  if (spinning >= g.running.load()) {
+  if (stuck_blocks(g) >= g.running.load()) {
     const uint64_t started = g.next.load();
     if (started < g.num_blocks) {
       fail(who + " while every one of the " + std::to_string(g.running.load()) +
@@ -148,8 +163,12 @@ inline void report_long_spin(Thread& t) {
   if (t.polls >= kHopelessSpin) fail(who + " " + std::to_string(t.polls) + " times without progress");
 }
 
-// A thread that had spun long made progress: its worker no longer counts as spinning.
-inline void end_long_spin(Thread& t) { t.block->grid->spinning.fetch_sub(1); }
+// A thread that had spun long made progress: it is no longer a spinner.
+inline void end_long_spin(Thread& t) {
+  Grid& g = *t.block->grid;
+  const std::lock_guard<std::mutex> lock(g.spin_mutex);
+  g.spinners.erase(std::find(g.spinners.begin(), g.spinners.end(), &t));
+}
 
 inline unsigned worker_count(const GridPolicy& policy, uint64_t num_blocks) {
   unsigned workers = std::max(1u, std::thread::hardware_concurrency());

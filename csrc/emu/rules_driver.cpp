@@ -79,6 +79,27 @@ __global__ void waits_on_later_block_kernel(uint32_t* flags, int blocks) {
 }
 LZE_KERNEL_RESOURCES(waits_on_later_block_kernel, 32, 0);
 
+// A correct look-back whose blocks are slow, as a descheduled worker is: by ticket, block 0
+// computes long before it publishes; block 1 waits on it long (a long spin), then computes long
+// before it publishes, while block 2, on the worker block 0 left, waits on block 1 long. No
+// block ever waits on one that has not started; the process must run to its end.
+__device__ void compute_long() {
+  volatile uint64_t sink = 0;
+  for (uint64_t i = 0; i < (uint64_t{1} << 26); ++i) sink = sink + i;
+}
+
+__global__ void slow_look_back_kernel(uint32_t* ticket, uint32_t* flags) {
+  if (threadIdx.x != 0) return;
+  const uint32_t mine = atomicAdd(ticket, 1u);
+  if (mine > 0) {
+    while (atomicAdd(&flags[mine - 1], 0u) == 0) {
+    }
+  }
+  if (mine < 2) compute_long();
+  atomicExch(&flags[mine], 1u);
+}
+LZE_KERNEL_RESOURCES(slow_look_back_kernel, 32, 0);
+
 // Thread 0 spins on a shared flag thread 1 sets: a spin-wait inside a block.
 __global__ void spins_in_block_kernel(uint32_t* out) {
   constexpr uint32_t kSet = 12345;  // no poison pattern (a repeated byte) equals it
@@ -201,6 +222,20 @@ int forward_progress() {
   LZE_LAUNCH(waits_on_later_block_kernel, dim3(kBlocks), dim3(32), 0, nullptr)(flags.data(),
                                                                                 kBlocks);
   return report("forward_progress", false, "ran to its end");
+}
+
+int slow_look_back() {
+  uint32_t ticket = 0;
+  std::vector<uint32_t> flags(3, 0);
+  {
+    const std::lock_guard<std::mutex> lock(emu::policy_mutex());
+    emu::grid_policy() = emu::GridPolicy{emu::BlockOrder::kForward, 0, 2};
+  }
+  LZE_LAUNCH(slow_look_back_kernel, dim3(3), dim3(32), 0, nullptr)(&ticket, flags.data());
+  const cudaError_t e = cudaDeviceSynchronize();
+  const int published = static_cast<int>(flags[0] + flags[1] + flags[2]);
+  return report("slow_look_back", e == cudaSuccess && published == 3,
+                std::to_string(published) + " of 3 blocks published, " + code(e));
 }
 
 int spin_in_block() {
@@ -326,6 +361,7 @@ int main(int argc, char** argv) {
   if (c == "block_order") return block_order();
   if (c == "forward_progress") return forward_progress();
   if (c == "spin_in_block") return spin_in_block();
+  if (c == "slow_look_back") return slow_look_back();
   if (c == "misaligned_vector") return misaligned_vector();
   if (c == "asynchronous_host_write") return asynchronous_host_write();
   if (c == "event_order") return event_order();
